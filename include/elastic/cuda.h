@@ -1,0 +1,18 @@
+#pragma once
+// CUDA backend entry points (compiled when ELASTIC_CUDA is on). Every CUDA call is checked.
+#include <cstdint>
+#include <string>
+
+namespace elastic::cuda {
+
+// Throws std::runtime_error with the CUDA error string and call site.
+void check(int err, const char* what, const char* file, int line);
+#define ELASTIC_CUDA_CHECK(call) ::elastic::cuda::check(static_cast<int>(call), #call, __FILE__, __LINE__)
+
+int device_count();           // 0 when no driver or GPU
+std::string device_name(int device);
+
+// y[rows, n] = w[n] * x * rsqrt(mean(x^2) + eps), bf16 in/out, fp32 math. Device pointers, async on stream 0.
+void rmsnorm_bf16(const uint16_t* x, const uint16_t* w, uint16_t* y, int rows, int n, float eps);
+
+}  // namespace elastic::cuda

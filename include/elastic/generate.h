@@ -1,0 +1,40 @@
+#pragma once
+// Token sampling and the prefill + decode loop.
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "elastic/model.h"
+
+namespace elastic {
+
+struct SamplerParams {
+  float temperature = 0.f;  // 0 = greedy
+  int top_k = 0;            // 0 = off
+  float top_p = 1.f;        // 1 = off
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplerParams& p) : p_(p), rng_(p.seed) {}
+  int32_t sample(const float* logits, int vocab);
+
+ private:
+  SamplerParams p_;
+  std::mt19937_64 rng_;
+};
+
+struct GenerateStats {
+  int prompt_tokens = 0, new_tokens = 0;
+  double prefill_s = 0, decode_s = 0;
+};
+
+// Prefills `prompt`, then emits up to n_new tokens (stops at an EOS id when stop_at_eos).
+// on_token (optional) sees each new id as it is produced.
+std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt, int n_new, int context,
+                              const SamplerParams& sp, bool stop_at_eos, GenerateStats* stats,
+                              const std::function<void(int32_t)>& on_token = {});
+
+}  // namespace elastic

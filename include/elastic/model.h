@@ -1,0 +1,55 @@
+#pragma once
+// Qwen3 / Llama decoder on the CPU: fp32 compute, OpenBLAS sgemm, OpenMP.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "elastic/attention.h"
+#include "elastic/config.h"
+
+namespace elastic {
+
+// Weights widened to fp32 at load. Linear weights keep the HF layout [out, in].
+struct LayerWeights {
+  std::vector<float> attn_norm;     // [D]
+  std::vector<float> wq, wk, wv;    // [Hq*hd, D], [Hkv*hd, D], [Hkv*hd, D]
+  std::vector<float> bq, bk, bv;    // biases when attention_bias, else empty
+  std::vector<float> wo;            // [D, Hq*hd]
+  std::vector<float> q_norm, k_norm;  // [hd] (Qwen3 only)
+  std::vector<float> mlp_norm;      // [D]
+  std::vector<float> w_gate, w_up;  // [F, D]
+  std::vector<float> w_down;        // [D, F]
+};
+
+struct ModelWeights {
+  std::vector<float> embed;       // [V, D]
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;  // [D]
+  std::vector<float> lm_head;     // [V, D]; empty when tied (embed is used)
+  const float* head() const { return lm_head.empty() ? embed.data() : lm_head.data(); }
+};
+
+// Loads and validates every expected tensor (names, shapes) from the model folder's safetensors.
+ModelWeights load_weights(const ModelConfig& cfg, const std::string& model_dir);
+
+// Key/value cache: per layer, per KV head, [capacity, hd] rows in position order.
+struct KVCache {
+  int n_layers = 0, n_kv_heads = 0, head_dim = 0, capacity = 0, length = 0;
+  std::vector<std::vector<float>> k, v;  // index l * Hkv + h
+  void init(const ModelConfig& cfg, int capacity);
+  size_t bytes() const;
+};
+
+struct Model {
+  ModelConfig config;
+  ModelWeights weights;
+  RoutingTable routing;  // defaults to all-full
+
+  static Model load(const std::string& model_dir);
+
+  // Runs T tokens at positions [cache.length, cache.length + T) and appends them to the cache.
+  // logits: [T, V] when all_logits, else [1, V] for the last position.
+  void forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits) const;
+};
+
+}  // namespace elastic

@@ -1,0 +1,28 @@
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "elastic/cuda.h"
+
+namespace elastic::cuda {
+
+void check(int err, const char* what, const char* file, int line) {
+  if (err == cudaSuccess) return;
+  throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + what + " failed: " +
+                           cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+std::string device_name(int device) {
+  cudaDeviceProp p{};
+  ELASTIC_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  return p.name;
+}
+
+}  // namespace elastic::cuda

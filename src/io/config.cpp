@@ -1,0 +1,137 @@
+#include "elastic/config.h"
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace elastic {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void fail(const std::string& source, const std::string& what) {
+  throw std::runtime_error(source + ": " + what);
+}
+
+int get_int(const json& j, const char* key, const std::string& src, bool required = true, int dflt = 0) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (required) fail(src, std::string("missing required field '") + key + "'");
+    return dflt;
+  }
+  if (!it->is_number_integer()) fail(src, std::string("field '") + key + "' must be an integer");
+  long long v = it->get<long long>();
+  if (v <= 0 || v > (1LL << 31) - 1) fail(src, std::string("field '") + key + "' out of range: " + std::to_string(v));
+  return static_cast<int>(v);
+}
+
+double get_num(const json& j, const char* key, const std::string& src, double dflt) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  if (!it->is_number()) fail(src, std::string("field '") + key + "' must be a number");
+  return it->get<double>();
+}
+
+bool get_bool(const json& j, const char* key, const std::string& src, bool dflt) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  if (!it->is_boolean()) fail(src, std::string("field '") + key + "' must be true or false");
+  return it->get<bool>();
+}
+
+void parse_rope_scaling(const json& rs, RopeConfig& rope, const std::string& src) {
+  if (rs.is_null()) return;
+  if (!rs.is_object()) fail(src, "rope_scaling must be an object or null");
+  std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
+  if (type == "default") return;
+  if (type != "llama3")
+    fail(src, "unsupported rope_scaling type '" + type + "' (supported: default, llama3)");
+  rope.llama3 = true;
+  rope.factor = get_num(rs, "factor", src, 8.0);
+  rope.low_freq_factor = get_num(rs, "low_freq_factor", src, 1.0);
+  rope.high_freq_factor = get_num(rs, "high_freq_factor", src, 4.0);
+  rope.original_max_positions = get_int(rs, "original_max_position_embeddings", src, false, 8192);
+  if (rope.factor <= 0 || rope.low_freq_factor <= 0 || rope.high_freq_factor <= rope.low_freq_factor)
+    fail(src, "rope_scaling llama3 needs factor > 0 and high_freq_factor > low_freq_factor > 0");
+}
+
+}  // namespace
+
+const char* arch_name(Arch a) { return a == Arch::Qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"; }
+
+ModelConfig parse_config(const json& j, const std::string& src) {
+  if (!j.is_object()) fail(src, "config must be a JSON object");
+  ModelConfig c;
+  std::string arch;
+  if (auto it = j.find("architectures"); it != j.end() && it->is_array() && !it->empty() && (*it)[0].is_string())
+    arch = (*it)[0].get<std::string>();
+  else
+    fail(src, "missing 'architectures' (expected [\"Qwen3ForCausalLM\"] or [\"LlamaForCausalLM\"])");
+  if (arch == "Qwen3ForCausalLM") {
+    c.arch = Arch::Qwen3;
+    c.qk_norm = true;
+  } else if (arch == "LlamaForCausalLM") {
+    c.arch = Arch::Llama;
+  } else {
+    fail(src, "unknown architecture '" + arch + "' (supported: Qwen3ForCausalLM, LlamaForCausalLM)");
+  }
+  c.hidden = get_int(j, "hidden_size", src);
+  c.n_layers = get_int(j, "num_hidden_layers", src);
+  c.n_heads = get_int(j, "num_attention_heads", src);
+  c.n_kv_heads = get_int(j, "num_key_value_heads", src, false, c.n_heads);
+  c.head_dim = get_int(j, "head_dim", src, false, 0);
+  if (c.head_dim == 0) {
+    if (c.hidden % c.n_heads) fail(src, "hidden_size not divisible by num_attention_heads and no head_dim given");
+    c.head_dim = c.hidden / c.n_heads;
+  }
+  if (c.head_dim % 2) fail(src, "head_dim must be even for RoPE, got " + std::to_string(c.head_dim));
+  if (c.n_heads % c.n_kv_heads)
+    fail(src, "num_attention_heads (" + std::to_string(c.n_heads) + ") not a multiple of num_key_value_heads (" +
+                  std::to_string(c.n_kv_heads) + ")");
+  c.intermediate = get_int(j, "intermediate_size", src);
+  c.vocab = get_int(j, "vocab_size", src);
+  c.max_positions = get_int(j, "max_position_embeddings", src, false, 32768);
+  c.rms_eps = static_cast<float>(get_num(j, "rms_norm_eps", src, 1e-6));
+  c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, false);
+  c.attention_bias = get_bool(j, "attention_bias", src, false);
+  if (get_bool(j, "mlp_bias", src, false)) fail(src, "unsupported field: mlp_bias = true");
+  std::string act = j.value("hidden_act", std::string("silu"));
+  if (act != "silu") fail(src, "unsupported hidden_act '" + act + "' (only silu)");
+  if (get_bool(j, "use_sliding_window", src, false)) fail(src, "unsupported field: use_sliding_window = true");
+
+  // rope_theta sits at the top level (transformers <5) or inside rope_parameters (transformers >=5).
+  c.rope.theta = get_num(j, "rope_theta", src, 10000.0);
+  if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) fail(src, "rope_parameters must be an object");
+    c.rope.theta = get_num(*it, "rope_theta", src, c.rope.theta);
+    parse_rope_scaling(*it, c.rope, src);
+  }
+  if (auto it = j.find("rope_scaling"); it != j.end()) parse_rope_scaling(*it, c.rope, src);
+  if (c.rope.theta <= 0) fail(src, "rope_theta must be positive");
+
+  if (auto it = j.find("eos_token_id"); it != j.end()) {
+    if (it->is_number_integer()) c.eos_ids.push_back(it->get<int>());
+    else if (it->is_array())
+      for (auto& e : *it)
+        if (e.is_number_integer()) c.eos_ids.push_back(e.get<int>());
+  }
+  return c;
+}
+
+ModelConfig load_config(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error(path + ": cannot open config file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    throw std::runtime_error(path + ": malformed JSON: " + e.what());
+  }
+  return parse_config(j, path);
+}
+
+}  // namespace elastic

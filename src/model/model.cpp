@@ -1,0 +1,181 @@
+#include "elastic/model.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <stdexcept>
+
+namespace elastic {
+namespace {
+
+// y[T, N] = x[T, K] * W[N, K]^T (+ b)
+void linear(const float* x, const float* W, const std::vector<float>& b, float* y, int T, int N, int K) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, K, 1.f, x, K, W, K, 0.f, y, N);
+  if (!b.empty())
+    for (int t = 0; t < T; ++t)
+      for (int n = 0; n < N; ++n) y[static_cast<size_t>(t) * N + n] += b[n];
+}
+
+// RMSNorm over rows of length n, fp32 math as in HF: x * rsqrt(mean(x^2) + eps) * w.
+void rmsnorm_rows(const float* x, const float* w, float* y, int rows, int n, float eps) {
+#pragma omp parallel for schedule(static) if (rows > 16)
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<size_t>(r) * n;
+    float* yr = y + static_cast<size_t>(r) * n;
+    float ss = 0.f;
+    for (int i = 0; i < n; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.f / std::sqrt(ss / n + eps);
+    for (int i = 0; i < n; ++i) yr[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+// Inverse frequencies with optional llama3 scaling (same formulas as transformers' rope init).
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  const int half = c.head_dim / 2;
+  std::vector<float> inv(half);
+  for (int i = 0; i < half; ++i)
+    inv[i] = 1.f / static_cast<float>(std::pow(c.rope.theta, static_cast<double>(2 * i) / c.head_dim));
+  if (c.rope.llama3) {
+    const double orig = c.rope.original_max_positions, lf = c.rope.low_freq_factor, hf = c.rope.high_freq_factor;
+    const double low_wavelen = orig / lf, high_wavelen = orig / hf;
+    for (int i = 0; i < half; ++i) {
+      const double f = inv[i], wavelen = 2.0 * M_PI / f;
+      double r;
+      if (wavelen > low_wavelen) r = f / c.rope.factor;
+      else if (wavelen < high_wavelen) r = f;
+      else {
+        const double smooth = (orig / wavelen - lf) / (hf - lf);
+        r = (1.0 - smooth) * f / c.rope.factor + smooth * f;
+      }
+      inv[i] = static_cast<float>(r);
+    }
+  }
+  return inv;
+}
+
+// rotate_half RoPE in place on rows [T, H, hd] at positions pos0 + t.
+void apply_rope(float* x, int T, int H, int hd, int pos0, const std::vector<float>& inv) {
+  const int half = hd / 2;
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < half; ++i) {
+      const float ang = static_cast<float>(pos0 + t) * inv[i];  // fp32 product, as HF
+      const float c = std::cos(ang), s = std::sin(ang);
+      for (int h = 0; h < H; ++h) {
+        float* r = x + (static_cast<size_t>(t) * H + h) * hd;
+        const float x1 = r[i], x2 = r[i + half];
+        r[i] = x1 * c - x2 * s;
+        r[i + half] = x2 * c + x1 * s;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void KVCache::init(const ModelConfig& cfg, int cap) {
+  n_layers = cfg.n_layers;
+  n_kv_heads = cfg.n_kv_heads;
+  head_dim = cfg.head_dim;
+  capacity = cap;
+  length = 0;
+  k.assign(static_cast<size_t>(n_layers) * n_kv_heads, std::vector<float>(static_cast<size_t>(cap) * head_dim));
+  v = k;
+}
+
+size_t KVCache::bytes() const {
+  size_t b = 0;
+  for (auto& x : k) b += x.size() * sizeof(float);
+  for (auto& x : v) b += x.size() * sizeof(float);
+  return b;
+}
+
+Model Model::load(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(model_dir)) throw std::runtime_error(model_dir + ": model folder not found");
+  Model m;
+  m.config = load_config((fs::path(model_dir) / "config.json").string());
+  m.weights = load_weights(m.config, model_dir);
+  m.routing = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
+  return m;
+}
+
+void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits) const {
+  const ModelConfig& c = config;
+  const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, F = c.intermediate, V = c.vocab;
+  const int pos0 = cache.length;
+  if (T <= 0) throw std::invalid_argument("forward: no tokens");
+  if (pos0 + T > cache.capacity)
+    throw std::runtime_error("context overflow: " + std::to_string(pos0 + T) + " tokens exceed the KV cache capacity " +
+                             std::to_string(cache.capacity) + " (raise -c)");
+  for (int t = 0; t < T; ++t)
+    if (ids[t] < 0 || ids[t] >= V)
+      throw std::runtime_error("token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
+                               " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  const std::vector<float> inv = rope_inv_freq(c);
+
+  // Activation plan for this call: residual x, normed h, q/k/v, attention out, MLP gate/up.
+  std::vector<float> x(static_cast<size_t>(T) * D), h(x.size()), q(static_cast<size_t>(T) * Hq * hd),
+      k(static_cast<size_t>(T) * Hkv * hd), v(k.size()), att(q.size()), o(x.size()),
+      g(static_cast<size_t>(T) * F), u(g.size());
+  for (int t = 0; t < T; ++t)
+    std::copy_n(weights.embed.data() + static_cast<size_t>(ids[t]) * D, D, x.data() + static_cast<size_t>(t) * D);
+
+  std::vector<const float*> kp(Hkv), vp(Hkv);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = weights.layers[l];
+    rmsnorm_rows(x.data(), L.attn_norm.data(), h.data(), T, D, c.rms_eps);
+    linear(h.data(), L.wq.data(), L.bq, q.data(), T, Hq * hd, D);
+    linear(h.data(), L.wk.data(), L.bk, k.data(), T, Hkv * hd, D);
+    linear(h.data(), L.wv.data(), L.bv, v.data(), T, Hkv * hd, D);
+    if (c.qk_norm) {
+      rmsnorm_rows(q.data(), L.q_norm.data(), q.data(), T * Hq, hd, c.rms_eps);
+      rmsnorm_rows(k.data(), L.k_norm.data(), k.data(), T * Hkv, hd, c.rms_eps);
+    }
+    apply_rope(q.data(), T, Hq, hd, pos0, inv);
+    apply_rope(k.data(), T, Hkv, hd, pos0, inv);
+    for (int kh = 0; kh < Hkv; ++kh) {
+      float* kc = cache.k[static_cast<size_t>(l) * Hkv + kh].data();
+      float* vc = cache.v[static_cast<size_t>(l) * Hkv + kh].data();
+      for (int t = 0; t < T; ++t) {
+        std::copy_n(k.data() + (static_cast<size_t>(t) * Hkv + kh) * hd, hd, kc + static_cast<size_t>(pos0 + t) * hd);
+        std::copy_n(v.data() + (static_cast<size_t>(t) * Hkv + kh) * hd, hd, vc + static_cast<size_t>(pos0 + t) * hd);
+      }
+      kp[kh] = kc;
+      vp[kh] = vc;
+    }
+    AttentionArgs a;
+    a.q = q.data();
+    a.k = kp.data();
+    a.v = vp.data();
+    a.out = att.data();
+    a.T = T;
+    a.pos0 = pos0;
+    a.n_heads = Hq;
+    a.n_kv_heads = Hkv;
+    a.head_dim = hd;
+    a.modes = routing.mode.data() + static_cast<size_t>(l) * Hkv;
+    attention_forward(a);
+    linear(att.data(), L.wo.data(), {}, o.data(), T, D, Hq * hd);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+
+    rmsnorm_rows(x.data(), L.mlp_norm.data(), h.data(), T, D, c.rms_eps);
+    linear(h.data(), L.w_gate.data(), {}, g.data(), T, F, D);
+    linear(h.data(), L.w_up.data(), {}, u.data(), T, F, D);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SwiGLU
+    linear(g.data(), L.w_down.data(), {}, o.data(), T, D, F);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+  }
+  cache.length = pos0 + T;
+
+  const int rows = all_logits ? T : 1;
+  const float* xs = x.data() + static_cast<size_t>(all_logits ? 0 : T - 1) * D;
+  rmsnorm_rows(xs, weights.final_norm.data(), h.data(), rows, D, c.rms_eps);
+  logits.resize(static_cast<size_t>(rows) * V);
+  linear(h.data(), weights.head(), {}, logits.data(), rows, V, D);
+}
+
+}  // namespace elastic

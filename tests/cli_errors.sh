@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Bad input at the CLI: each case must exit non-zero and print a message naming the problem.
+set -u
+BIN=$1; SRC=$2; FX=$SRC/tests/fixtures; TMP=$(mktemp -d); fails=0
+expect_fail() {  # expect_fail "needle" cmd...
+  local needle=$1; shift
+  out=$("$@" 2>&1); rc=$?
+  if [ $rc -eq 0 ] || ! grep -qF -- "$needle" <<<"$out"; then
+    echo "FAIL (rc=$rc, wanted '$needle'): $*"; echo "$out" | head -5; fails=$((fails+1))
+  fi
+}
+mkdir -p $TMP/unk && sed 's/Qwen3ForCausalLM/GPT2LMHeadModel/' $FX/qwen3_tiny/config.json > $TMP/unk/config.json
+cp $FX/qwen3_tiny/model.safetensors $TMP/unk/
+mkdir -p $TMP/badcfg && echo '{"architectures": [' > $TMP/badcfg/config.json
+mkdir -p $TMP/trunc && cp $FX/qwen3_tiny/config.json $TMP/trunc/ && head -c 1000 $FX/qwen3_tiny/model.safetensors > $TMP/trunc/model.safetensors
+echo '{"model": ' > $TMP/tok.json
+printf 'not numpy' > $TMP/bad.npy
+expect_fail "unknown architecture 'GPT2LMHeadModel'" $BIN logits -m $TMP/unk --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy
+expect_fail "malformed JSON" $BIN logits -m $TMP/badcfg --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy
+expect_fail "model.safetensors" $BIN logits -m $TMP/trunc --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy
+expect_fail "model folder not found" $BIN generate -m $TMP/nope --ids $FX/qwen3_tiny/ids.npy -n 2
+expect_fail "bad magic" $BIN logits -m $FX/qwen3_tiny --ids $TMP/bad.npy -o $TMP/o.npy
+expect_fail "tok.json" $BIN tokenize --tokenizer $TMP/tok.json hello
+expect_fail "no tokenizer.json" $BIN generate -m $FX/qwen3_tiny -p hello -n 2
+expect_fail "--bogus" $BIN generate -m $FX/qwen3_tiny --bogus
+expect_fail "-n" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n -3
+expect_fail "A subcommand is required" $BIN
+expect_fail "exactly one" $BIN tokenize --tokenizer $SRC/../shared/qwen3-tokenizer/tokenizer.json
+# and the good paths work
+$BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 4 --print-ids >/dev/null 2>&1 || { echo "FAIL: generate"; fails=$((fails+1)); }
+rm -rf $TMP
+[ $fails -eq 0 ] && echo "all CLI error cases passed"
+exit $fails

@@ -1,0 +1,140 @@
+// The one `elastic` command line: tokenize, logits, generate.
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "elastic/generate.h"
+#include "elastic/model.h"
+#include "elastic/npy.h"
+#include "elastic/tokenizer.h"
+
+namespace fs = std::filesystem;
+using namespace elastic;
+
+namespace {
+
+std::string ids_json(const std::vector<int32_t>& ids) {
+  std::string s = "[";
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s + "]";
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(path + ": cannot open");
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path) {
+  if (!override_path.empty()) return override_path;
+  fs::path p = fs::path(model_dir) / "tokenizer.json";
+  if (!fs::exists(p))
+    throw std::runtime_error(model_dir + ": no tokenizer.json in the model folder (pass --tokenizer or use --ids)");
+  return p.string();
+}
+
+void set_threads(int t) {
+  if (t > 0) omp_set_num_threads(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"elastic: long-context LLM inference with Elastic Attention"};
+  app.require_subcommand(1);
+
+  // tokenize
+  auto* tok = app.add_subcommand("tokenize", "Print the token ids of a text as a JSON array");
+  std::string tok_path, tok_file, tok_text;
+  tok->add_option("--tokenizer", tok_path, "Path to tokenizer.json")->required();
+  tok->add_option("--file", tok_file, "Read the text from this file");
+  tok->add_option("text", tok_text, "Text to tokenize");
+
+  // logits
+  auto* lg = app.add_subcommand("logits", "Write float32 logits [T, vocab] for int32 token ids");
+  std::string lg_model, lg_ids, lg_out;
+  int lg_threads = 0;
+  lg->add_option("-m,--model", lg_model, "Hugging Face model folder")->required();
+  lg->add_option("--ids", lg_ids, "1-D int32 .npy of token ids")->required();
+  lg->add_option("-o,--output", lg_out, "Output .npy")->required();
+  lg->add_option("-t,--threads", lg_threads, "CPU threads")->check(CLI::NonNegativeNumber);
+
+  // generate
+  auto* gen = app.add_subcommand("generate", "Generate a continuation of a prompt");
+  std::string g_model, g_prompt, g_ids, g_tok;
+  int g_n = 32, g_ctx = 0, g_threads = 0, g_topk = 0;
+  float g_temp = 0.f, g_topp = 1.f;
+  uint64_t g_seed = 0;
+  bool g_print_ids = false, g_ignore_eos = false;
+  gen->add_option("-m,--model", g_model, "Hugging Face model folder")->required();
+  auto* opt_p = gen->add_option("-p,--prompt", g_prompt, "Prompt text");
+  auto* opt_ids = gen->add_option("--ids", g_ids, "Prompt as a 1-D int32 .npy of token ids");
+  opt_p->excludes(opt_ids);
+  gen->add_option("--tokenizer", g_tok, "tokenizer.json (default: the model folder's)");
+  gen->add_option("-n,--n-predict", g_n, "Tokens to generate")->check(CLI::NonNegativeNumber);
+  gen->add_option("-c,--ctx-size", g_ctx, "Context size (default: prompt + n)")->check(CLI::NonNegativeNumber);
+  gen->add_option("-t,--threads", g_threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  gen->add_option("--temp", g_temp, "Temperature (0 = greedy)")->check(CLI::NonNegativeNumber);
+  gen->add_option("--top-k", g_topk, "Top-k (0 = off)")->check(CLI::NonNegativeNumber);
+  gen->add_option("--top-p", g_topp, "Top-p (1 = off)")->check(CLI::Range(0.0f, 1.0f));
+  gen->add_option("--seed", g_seed, "Sampling seed");
+  gen->add_flag("--print-ids", g_print_ids, "Print the new ids as a JSON array instead of text");
+  gen->add_flag("--ignore-eos", g_ignore_eos, "Do not stop at end-of-sequence tokens");
+
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (*tok) {
+      const bool has_text = tok->count("text") > 0, has_file = !tok_file.empty();
+      if (has_text == has_file) throw std::runtime_error("tokenize: give exactly one of --file F or TEXT");
+      Tokenizer t = Tokenizer::from_file(tok_path);
+      std::string text = tok_file.empty() ? tok_text : read_text_file(tok_file);
+      std::cout << ids_json(t.encode(text)) << "\n";
+    } else if (*lg) {
+      set_threads(lg_threads);
+      std::vector<int32_t> ids = read_npy_ids(lg_ids);
+      if (ids.empty()) throw std::runtime_error(lg_ids + ": no token ids");
+      Model m = Model::load(lg_model);
+      KVCache cache;
+      cache.init(m.config, static_cast<int>(ids.size()));
+      std::vector<float> logits;
+      m.forward(ids.data(), static_cast<int>(ids.size()), cache, logits, true);
+      write_npy_f32(lg_out, logits.data(), {static_cast<int64_t>(ids.size()), m.config.vocab});
+    } else if (*gen) {
+      set_threads(g_threads);
+      if (g_prompt.empty() && g_ids.empty()) throw std::runtime_error("generate: give -p TEXT or --ids IDS.npy");
+      Model m = Model::load(g_model);
+      std::unique_ptr<Tokenizer> t;
+      std::vector<int32_t> prompt;
+      if (!g_ids.empty()) {
+        prompt = read_npy_ids(g_ids);
+      } else {
+        t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(g_model, g_tok)));
+        prompt = t->encode(g_prompt);
+      }
+      if (!g_print_ids && !t && fs::exists(fs::path(g_model) / "tokenizer.json"))
+        t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(g_model, g_tok)));
+      SamplerParams sp{g_temp, g_topk, g_topp, g_seed};
+      GenerateStats st;
+      auto stream = [&](int32_t id) {
+        if (!g_print_ids && t) { std::cout << t->decode({id}) << std::flush; }
+      };
+      std::vector<int32_t> out = generate(m, prompt, g_n, g_ctx, sp, !g_ignore_eos, &st, stream);
+      if (g_print_ids || !t) std::cout << ids_json(out);
+      std::cout << "\n";
+      std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s) | decode: %d tokens in %.3f s (%.1f tok/s)\n",
+                   st.prompt_tokens, st.prefill_s, st.prompt_tokens / std::max(st.prefill_s, 1e-9), st.new_tokens,
+                   st.decode_s, st.new_tokens > 1 ? (st.new_tokens - 1) / std::max(st.decode_s, 1e-9) : 0.0);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
