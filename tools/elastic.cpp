@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
       };
       std::vector<int32_t> out = generate(m, prompt, g_n, g_ctx, sp, !g_ignore_eos, &st, stream);
       if (g_print_ids || !t) std::cout << ids_json(out);
-      std::cout << "\n";
+      std::cout << std::endl;
       std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s) | decode: %d tokens in %.3f s (%.1f tok/s)\n",
                    st.prompt_tokens, st.prefill_s, st.prompt_tokens / std::max(st.prefill_s, 1e-9), st.new_tokens,
                    st.decode_s, st.new_tokens > 1 ? (st.new_tokens - 1) / std::max(st.decode_s, 1e-9) : 0.0);
