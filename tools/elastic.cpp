@@ -39,6 +39,18 @@ std::string tokenizer_path_for(const std::string& model_dir, const std::string& 
   return p.string();
 }
 
+// --routing FILE or --mode full|ssa|xattn (all heads one mode); sparse sizes from the file or the defaults.
+void apply_routing(Model& m, const std::string& routing_file, const std::string& mode) {
+  if (!routing_file.empty() && !mode.empty()) throw std::runtime_error("give --routing or --mode, not both");
+  if (!routing_file.empty()) m.routing = load_routing(routing_file, m.config.n_layers, m.config.n_kv_heads);
+  else if (!mode.empty()) m.routing = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, parse_head_mode(mode));
+}
+
+void print_metrics(const RoutingTable& r, const AttentionStats& st) {
+  std::fprintf(stderr, "routing: Omega_MSR %.3f | Omega_ESR %.3f | attention FLOPs %.3f of full\n", r.msr(), st.esr(),
+               st.flops_ratio());
+}
+
 void set_threads(int t) {
   if (t > 0) omp_set_num_threads(t);
 }
@@ -64,6 +76,9 @@ int main(int argc, char** argv) {
   lg->add_option("--ids", lg_ids, "1-D int32 .npy of token ids")->required();
   lg->add_option("-o,--output", lg_out, "Output .npy")->required();
   lg->add_option("-t,--threads", lg_threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  std::string lg_routing, lg_mode;
+  lg->add_option("--routing", lg_routing, "Routing JSON: mode per layer per KV head plus sparse settings");
+  lg->add_option("--mode", lg_mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
 
   // generate
   auto* gen = app.add_subcommand("generate", "Generate a continuation of a prompt");
@@ -86,6 +101,9 @@ int main(int argc, char** argv) {
   gen->add_option("--seed", g_seed, "Sampling seed");
   gen->add_flag("--print-ids", g_print_ids, "Print the new ids as a JSON array instead of text");
   gen->add_flag("--ignore-eos", g_ignore_eos, "Do not stop at end-of-sequence tokens");
+  std::string g_routing, g_mode;
+  gen->add_option("--routing", g_routing, "Routing JSON: mode per layer per KV head plus sparse settings");
+  gen->add_option("--mode", g_mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
 
   CLI11_PARSE(app, argc, argv);
 
@@ -101,15 +119,19 @@ int main(int argc, char** argv) {
       std::vector<int32_t> ids = read_npy_ids(lg_ids);
       if (ids.empty()) throw std::runtime_error(lg_ids + ": no token ids");
       Model m = Model::load(lg_model);
+      apply_routing(m, lg_routing, lg_mode);
       KVCache cache;
       cache.init(m.config, static_cast<int>(ids.size()));
       std::vector<float> logits;
-      m.forward(ids.data(), static_cast<int>(ids.size()), cache, logits, true);
+      AttentionStats st;
+      m.forward(ids.data(), static_cast<int>(ids.size()), cache, logits, true, &st);
+      print_metrics(m.routing, st);
       write_npy_f32(lg_out, logits.data(), {static_cast<int64_t>(ids.size()), m.config.vocab});
     } else if (*gen) {
       set_threads(g_threads);
       if (g_prompt.empty() && g_ids.empty()) throw std::runtime_error("generate: give -p TEXT or --ids IDS.npy");
       Model m = Model::load(g_model);
+      apply_routing(m, g_routing, g_mode);
       std::unique_ptr<Tokenizer> t;
       std::vector<int32_t> prompt;
       if (!g_ids.empty()) {
@@ -131,6 +153,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s) | decode: %d tokens in %.3f s (%.1f tok/s)\n",
                    st.prompt_tokens, st.prefill_s, st.prompt_tokens / std::max(st.prefill_s, 1e-9), st.new_tokens,
                    st.decode_s, st.new_tokens > 1 ? (st.new_tokens - 1) / std::max(st.decode_s, 1e-9) : 0.0);
+      print_metrics(m.routing, st.attn);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -1,34 +1,74 @@
 #pragma once
-// Attention entry point shared by every head mode. The hybrid modes (streaming, XAttention) plug in here:
-// each (layer, KV head) carries its own mode, and a query head follows its KV head.
+// Attention entry point shared by every head mode. Each (layer, KV head) carries its own mode; a query head follows
+// its KV head. Sparse modes work at block granularity: a query block computes only its selected key blocks, and
+// causality is applied token by token inside them.
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "elastic/xattn.h"
+
 namespace elastic {
 
-enum class HeadMode : uint8_t { Full = 0 };
+enum class HeadMode : uint8_t { Full = 0, Streaming = 1, XAttn = 2 };
+const char* head_mode_name(HeadMode m);
+HeadMode parse_head_mode(const std::string& s);  // "full" | "ssa" (or "streaming") | "xattn"; throws otherwise
+
+struct SparseSettings {
+  int block = 64;     // block size for every sparse mode (64 or 128)
+  int sink = 128;     // streaming: leading tokens always kept (rounded up to whole blocks)
+  int local = 2048;   // streaming: local window in tokens (rounded up to whole blocks, diagonal included)
+  XAttnParams xattn;  // xattn.block is kept equal to `block`
+};
 
 // Per-(layer, KV head) routing table; mode[l * n_kv_heads + h].
 struct RoutingTable {
   int n_layers = 0;
   int n_kv_heads = 0;
   std::vector<HeadMode> mode;
-  static RoutingTable all_full(int n_layers, int n_kv_heads);
+  SparseSettings sparse;
+  static RoutingTable uniform(int n_layers, int n_kv_heads, HeadMode m);
+  static RoutingTable all_full(int n_layers, int n_kv_heads) { return uniform(n_layers, n_kv_heads, HeadMode::Full); }
   HeadMode at(int layer, int kv_head) const { return mode[static_cast<size_t>(layer) * n_kv_heads + kv_head]; }
+  double msr() const;  // Omega_MSR: fraction of KV heads routed to a sparse mode
+};
+
+// JSON routing file: {"block_size":64,"sink":128,"local":2048,"xattn":{"stride":16,"tau":0.9},
+//                     "layers":[["full","ssa",...], ...]}  (one list of KV-head modes per layer)
+// Throws naming the file and the problem (layer/head counts, unknown mode, bad sizes).
+RoutingTable load_routing(const std::string& path, int n_layers, int n_kv_heads);
+void save_routing(const RoutingTable& r, const std::string& path);
+void validate_sparse(const SparseSettings& s, const std::string& source);
+
+// Work counters accumulated over calls: computed (query, key) pairs vs the dense causal count, and per-head
+// causal key blocks skipped (for Omega_ESR).
+struct AttentionStats {
+  double pairs_done = 0, pairs_full = 0;
+  std::vector<double> blocks_skipped, blocks_causal;  // per KV head of the layer that `esr_layer` names
+  int esr_layer = -1;
+  double flops_ratio() const { return pairs_full > 0 ? pairs_done / pairs_full : 1.0; }
+  double esr() const;  // Omega_ESR: mean over heads of skipped / causal key blocks
 };
 
 // One layer's attention for T new query positions [pos0, pos0 + T).
 struct AttentionArgs {
-  const float* q = nullptr;       // [T, Hq, hd], RoPE applied
+  const float* q = nullptr;         // [T, Hq, hd], RoPE applied
   const float* const* k = nullptr;  // per KV head: [pos0 + T, hd] cached keys (RoPE applied)
   const float* const* v = nullptr;  // per KV head: [pos0 + T, hd]
-  float* out = nullptr;           // [T, Hq, hd]
+  float* out = nullptr;             // [T, Hq, hd]
   int T = 0, pos0 = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   const HeadMode* modes = nullptr;  // [Hkv] routing of this layer
+  const SparseSettings* sparse = nullptr;
+  AttentionStats* stats = nullptr;  // optional
+  bool track_esr = false;           // record per-head block skips into stats
 };
 
 // Causal softmax attention with fp32 accumulation; dispatches per KV head on its mode.
+// XAttention selects blocks when the call starts at position 0 (a whole prefill); in decode or a later chunk its
+// heads attend to every cached key (the method is a prefill method).
 void attention_forward(const AttentionArgs& a);
+
+// Which key blocks a streaming head keeps for query block qb (kb <= qb).
+bool streaming_keeps(int qb, int kb, const SparseSettings& s);
 
 }  // namespace elastic

@@ -29,6 +29,7 @@ class Sampler {
 struct GenerateStats {
   int prompt_tokens = 0, new_tokens = 0;
   double prefill_s = 0, decode_s = 0;
+  AttentionStats attn;  // prefill + decode attention work, Omega_ESR of the last layer
 };
 
 // Prefills `prompt`, then emits up to n_new tokens (stops at an EOS id when stop_at_eos).

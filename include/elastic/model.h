@@ -49,7 +49,9 @@ struct Model {
 
   // Runs T tokens at positions [cache.length, cache.length + T) and appends them to the cache.
   // logits: [T, V] when all_logits, else [1, V] for the last position.
-  void forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits) const;
+  // stats (optional) accumulates attention work and the last layer's block skips (Omega_ESR).
+  void forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
+               AttentionStats* stats = nullptr) const;
 };
 
 }  // namespace elastic

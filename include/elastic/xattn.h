@@ -1,5 +1,6 @@
 #pragma once
 // XAttention block selection (antidiagonal scoring), CPU reference.
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

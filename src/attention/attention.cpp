@@ -2,67 +2,133 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
 #include <vector>
 
 namespace elastic {
 
-RoutingTable RoutingTable::all_full(int n_layers, int n_kv_heads) {
-  RoutingTable r;
-  r.n_layers = n_layers;
-  r.n_kv_heads = n_kv_heads;
-  r.mode.assign(static_cast<size_t>(n_layers) * n_kv_heads, HeadMode::Full);
-  return r;
+double AttentionStats::esr() const {
+  if (blocks_causal.empty()) return 0.0;
+  double s = 0;
+  for (size_t h = 0; h < blocks_causal.size(); ++h) s += blocks_causal[h] > 0 ? blocks_skipped[h] / blocks_causal[h] : 0;
+  return s / blocks_causal.size();
+}
+
+bool streaming_keeps(int qb, int kb, const SparseSettings& s) {
+  const int sink_blocks = (s.sink + s.block - 1) / s.block;
+  const int local_blocks = std::max(1, (s.local + s.block - 1) / s.block);
+  return kb <= qb && (kb < sink_blocks || qb - kb < local_blocks);
 }
 
 namespace {
 
-// One query row against keys [0, n_keys): exact softmax (max-subtracted) in fp32.
-void full_row(const float* q, const float* K, const float* V, int n_keys, int hd, float scale, float* scores,
-              float* out) {
+// One query row at absolute position p against the keys of the allowed blocks (token-causal inside them):
+// exact softmax (max-subtracted) in fp32. keep(kb) says whether key block kb is computed. Returns keys touched.
+template <class Keep>
+int sparse_row(const float* q, const float* K, const float* V, int p, int hd, int B, float scale, const Keep& keep,
+               float* scores, float* out) {
+  const int qb = p / B;
   float mx = -INFINITY;
-  for (int j = 0; j < n_keys; ++j) {
-    const float* kj = K + static_cast<size_t>(j) * hd;
-    float s = 0.f;
-    for (int d = 0; d < hd; ++d) s += q[d] * kj[d];
-    s *= scale;
-    scores[j] = s;
-    mx = std::max(mx, s);
+  int n = 0;
+  for (int kb = 0; kb <= qb; ++kb) {
+    if (!keep(kb)) continue;
+    const int j1 = std::min(p + 1, (kb + 1) * B);
+    for (int j = kb * B; j < j1; ++j) {
+      const float* kj = K + static_cast<size_t>(j) * hd;
+      float s = 0.f;
+      for (int d = 0; d < hd; ++d) s += q[d] * kj[d];
+      s *= scale;
+      scores[j] = s;
+      mx = std::max(mx, s);
+      ++n;
+    }
   }
   float sum = 0.f;
-  for (int j = 0; j < n_keys; ++j) {
-    scores[j] = std::exp(scores[j] - mx);
-    sum += scores[j];
+  std::fill(out, out + hd, 0.f);
+  for (int kb = 0; kb <= qb; ++kb) {
+    if (!keep(kb)) continue;
+    const int j1 = std::min(p + 1, (kb + 1) * B);
+    for (int j = kb * B; j < j1; ++j) {
+      const float e = std::exp(scores[j] - mx);
+      sum += e;
+      const float* vj = V + static_cast<size_t>(j) * hd;
+      for (int d = 0; d < hd; ++d) out[d] += e * vj[d];
+    }
   }
   const float inv = 1.f / sum;
-  std::fill(out, out + hd, 0.f);
-  for (int j = 0; j < n_keys; ++j) {
-    const float p = scores[j] * inv;
-    const float* vj = V + static_cast<size_t>(j) * hd;
-    for (int d = 0; d < hd; ++d) out[d] += p * vj[d];
-  }
+  for (int d = 0; d < hd; ++d) out[d] *= inv;
+  return n;
+}
+
+// Gathers one query head's rows [T, hd] (contiguous) for XAttention scoring.
+std::vector<float> head_rows(const float* q, int T, int H, int h, int hd) {
+  std::vector<float> r(static_cast<size_t>(T) * hd);
+  for (int t = 0; t < T; ++t) std::copy_n(q + (static_cast<size_t>(t) * H + h) * hd, hd, r.data() + static_cast<size_t>(t) * hd);
+  return r;
 }
 
 }  // namespace
 
 void attention_forward(const AttentionArgs& a) {
   if (a.n_heads % a.n_kv_heads) throw std::invalid_argument("attention_forward: Hq not a multiple of Hkv");
-  const int group = a.n_heads / a.n_kv_heads, hd = a.head_dim;
+  static const SparseSettings kDefault;
+  const SparseSettings& sp = a.sparse ? *a.sparse : kDefault;
+  const int group = a.n_heads / a.n_kv_heads, hd = a.head_dim, B = sp.block;
   const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const int n_pos = a.pos0 + a.T;
+  const int nb = (n_pos + B - 1) / B;
+
+  // XAttention selections per query head (whole prefill only).
+  std::vector<BlockMask> xmask(a.n_heads);
+  if (a.pos0 == 0)
+    for (int h = 0; h < a.n_heads; ++h)
+      if (a.modes[h / group] == HeadMode::XAttn) {
+        XAttnParams xp = sp.xattn;
+        xp.block = B;
+        std::vector<float> qh = head_rows(a.q, a.T, a.n_heads, h, hd);
+        xmask[h] = xattn_select(qh.data(), a.k[h / group], a.T, hd, xp);
+      }
+
+  auto keeps = [&](int h, int qb, int kb) {
+    switch (a.modes[h / group]) {
+      case HeadMode::Full: return true;
+      case HeadMode::Streaming: return streaming_keeps(qb, kb, sp);
+      case HeadMode::XAttn: return xmask[h].n_blocks == 0 || xmask[h].at(qb, kb);
+    }
+    return true;
+  };
+
   const int total = a.T * a.n_heads;
-#pragma omp parallel
+  double done = 0;
+#pragma omp parallel reduction(+ : done)
   {
-    std::vector<float> scores(static_cast<size_t>(a.pos0 + a.T));
+    std::vector<float> scores(static_cast<size_t>(n_pos));
 #pragma omp for schedule(dynamic, 4)
     for (int i = 0; i < total; ++i) {
-      const int t = i / a.n_heads, h = i % a.n_heads, kvh = h / group;
+      const int t = i / a.n_heads, h = i % a.n_heads, kvh = h / group, p = a.pos0 + t, qb = p / B;
       const size_t off = (static_cast<size_t>(t) * a.n_heads + h) * hd;
-      switch (a.modes[kvh]) {
-        case HeadMode::Full:
-          full_row(a.q + off, a.k[kvh], a.v[kvh], a.pos0 + t + 1, hd, scale, scores.data(), a.out + off);
-          break;
-      }
+      done += sparse_row(a.q + off, a.k[kvh], a.v[kvh], p, hd, B, scale, [&](int kb) { return keeps(h, qb, kb); },
+                         scores.data(), a.out + off);
     }
+  }
+  if (!a.stats) return;
+  AttentionStats& st = *a.stats;
+  st.pairs_done += done;
+  for (int t = 0; t < a.T; ++t) st.pairs_full += static_cast<double>(a.pos0 + t + 1) * a.n_heads;
+  if (a.track_esr) {
+    // Per KV head: causal (query block, key block) pairs of the query blocks this call touched, and the skipped ones.
+    if (static_cast<int>(st.blocks_causal.size()) != a.n_kv_heads) {
+      st.blocks_skipped.assign(a.n_kv_heads, 0);
+      st.blocks_causal.assign(a.n_kv_heads, 0);
+    }
+    const int qb0 = a.pos0 / B, qb1 = (n_pos - 1) / B;
+    for (int h = 0; h < a.n_heads; ++h)
+      for (int qb = qb0; qb <= qb1 && qb < nb; ++qb)
+        for (int kb = 0; kb <= qb; ++kb) {
+          st.blocks_causal[h / group] += 1.0 / group;
+          if (!keeps(h, qb, kb)) st.blocks_skipped[h / group] += 1.0 / group;
+        }
   }
 }
 

@@ -23,7 +23,8 @@ std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt
   std::vector<float> logits;
   std::vector<int32_t> out;
   auto t0 = clock::now();
-  m.forward(prompt.data(), static_cast<int>(prompt.size()), cache, logits, false);
+  AttentionStats* as = stats ? &stats->attn : nullptr;
+  m.forward(prompt.data(), static_cast<int>(prompt.size()), cache, logits, false, as);
   auto t1 = clock::now();
   for (int i = 0; i < n_new; ++i) {
     int32_t id = sampler.sample(logits.data(), m.config.vocab);
@@ -31,7 +32,7 @@ std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt
     if (on_token) on_token(id);
     if (stop_at_eos && std::find(m.config.eos_ids.begin(), m.config.eos_ids.end(), id) != m.config.eos_ids.end()) break;
     if (i + 1 == n_new || cache.length >= cache.capacity) break;
-    m.forward(&id, 1, cache, logits, false);
+    m.forward(&id, 1, cache, logits, false, as);
   }
   auto t2 = clock::now();
   if (stats) {

@@ -102,7 +102,8 @@ Model Model::load(const std::string& model_dir) {
   return m;
 }
 
-void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits) const {
+void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
+                    AttentionStats* stats) const {
   const ModelConfig& c = config;
   const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, F = c.intermediate, V = c.vocab;
   const int pos0 = cache.length;
@@ -157,6 +158,9 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
     a.n_kv_heads = Hkv;
     a.head_dim = hd;
     a.modes = routing.mode.data() + static_cast<size_t>(l) * Hkv;
+    a.sparse = &routing.sparse;
+    a.stats = stats;
+    a.track_esr = stats && l == c.n_layers - 1;
     attention_forward(a);
     linear(att.data(), L.wo.data(), {}, o.data(), T, D, Hq * hd);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];

@@ -1,0 +1,114 @@
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "elastic/attention.h"
+
+namespace elastic {
+
+using nlohmann::json;
+
+const char* head_mode_name(HeadMode m) {
+  switch (m) {
+    case HeadMode::Full: return "full";
+    case HeadMode::Streaming: return "ssa";
+    case HeadMode::XAttn: return "xattn";
+  }
+  return "?";
+}
+
+HeadMode parse_head_mode(const std::string& s) {
+  if (s == "full" || s == "fa") return HeadMode::Full;
+  if (s == "ssa" || s == "streaming") return HeadMode::Streaming;
+  if (s == "xattn" || s == "xa") return HeadMode::XAttn;
+  throw std::runtime_error("unknown head mode '" + s + "' (expected full, ssa or xattn)");
+}
+
+RoutingTable RoutingTable::uniform(int n_layers, int n_kv_heads, HeadMode m) {
+  RoutingTable r;
+  r.n_layers = n_layers;
+  r.n_kv_heads = n_kv_heads;
+  r.mode.assign(static_cast<size_t>(n_layers) * n_kv_heads, m);
+  return r;
+}
+
+double RoutingTable::msr() const {
+  if (mode.empty()) return 0;
+  size_t sparse = 0;
+  for (auto m : mode) sparse += m != HeadMode::Full;
+  return static_cast<double>(sparse) / mode.size();
+}
+
+void validate_sparse(const SparseSettings& s, const std::string& src) {
+  if (s.block != 64 && s.block != 128) throw std::runtime_error(src + ": block_size must be 64 or 128, got " + std::to_string(s.block));
+  if (s.sink < 0) throw std::runtime_error(src + ": sink must be >= 0");
+  if (s.local < 1) throw std::runtime_error(src + ": local must be >= 1");
+  if (s.xattn.stride < 1 || s.block % s.xattn.stride)
+    throw std::runtime_error(src + ": xattn stride " + std::to_string(s.xattn.stride) + " must divide block_size " + std::to_string(s.block));
+  if (!(s.xattn.tau > 0.f && s.xattn.tau <= 1.f)) throw std::runtime_error(src + ": xattn tau must be in (0, 1]");
+}
+
+RoutingTable load_routing(const std::string& path, int n_layers, int n_kv_heads) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error(path + ": cannot open routing file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    throw std::runtime_error(path + ": malformed JSON: " + e.what());
+  }
+  RoutingTable r = RoutingTable::all_full(n_layers, n_kv_heads);
+  try {
+    r.sparse.block = j.value("block_size", 64);
+    r.sparse.sink = j.value("sink", 128);
+    r.sparse.local = j.value("local", 2048);
+    if (j.contains("xattn")) {
+      r.sparse.xattn.stride = j["xattn"].value("stride", 16);
+      r.sparse.xattn.tau = j["xattn"].value("tau", 0.9f);
+    }
+  } catch (const json::exception& e) {
+    throw std::runtime_error(path + ": bad sparse settings: " + e.what());
+  }
+  r.sparse.xattn.block = r.sparse.block;
+  validate_sparse(r.sparse, path);
+  if (!j.contains("layers") || !j["layers"].is_array()) throw std::runtime_error(path + ": missing 'layers' (one list of KV-head modes per layer)");
+  const json& L = j["layers"];
+  if (static_cast<int>(L.size()) != n_layers)
+    throw std::runtime_error(path + ": has " + std::to_string(L.size()) + " layers, the model has " + std::to_string(n_layers));
+  for (int l = 0; l < n_layers; ++l) {
+    if (!L[l].is_array() || static_cast<int>(L[l].size()) != n_kv_heads)
+      throw std::runtime_error(path + ": layer " + std::to_string(l) + " must list " + std::to_string(n_kv_heads) + " KV-head modes");
+    for (int h = 0; h < n_kv_heads; ++h) {
+      if (!L[l][h].is_string()) throw std::runtime_error(path + ": layer " + std::to_string(l) + " head " + std::to_string(h) + ": mode must be a string");
+      try {
+        r.mode[static_cast<size_t>(l) * n_kv_heads + h] = parse_head_mode(L[l][h].get<std::string>());
+      } catch (const std::runtime_error& e) {
+        throw std::runtime_error(path + ": layer " + std::to_string(l) + " head " + std::to_string(h) + ": " + e.what());
+      }
+    }
+  }
+  return r;
+}
+
+void save_routing(const RoutingTable& r, const std::string& path) {
+  json j;
+  j["block_size"] = r.sparse.block;
+  j["sink"] = r.sparse.sink;
+  j["local"] = r.sparse.local;
+  j["xattn"] = {{"stride", r.sparse.xattn.stride}, {"tau", r.sparse.xattn.tau}};
+  j["layers"] = json::array();
+  for (int l = 0; l < r.n_layers; ++l) {
+    json row = json::array();
+    for (int h = 0; h < r.n_kv_heads; ++h) row.push_back(head_mode_name(r.at(l, h)));
+    j["layers"].push_back(row);
+  }
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error(path + ": cannot write routing file");
+  f << j.dump(1) << "\n";
+}
+
+}  // namespace elastic

@@ -1,0 +1,213 @@
+// Routed attention against dense attention with an explicit mask built from the same definitions (fp32, 1e-5).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <random>
+
+#include "elastic/attention.h"
+#include "elastic/model.h"
+
+using namespace elastic;
+
+namespace {
+
+struct Case {
+  int T = 300, Hq = 4, Hkv = 2, hd = 32;
+  std::vector<float> q, k, v;  // q [T, Hq, hd]; k, v [Hkv][T, hd]
+  explicit Case(unsigned seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> N(0.f, 1.f);
+    q.resize(size_t(T) * Hq * hd);
+    k.resize(size_t(Hkv) * T * hd);
+    v.resize(k.size());
+    for (auto* x : {&q, &k, &v})
+      for (auto& e : *x) e = N(rng);
+  }
+  std::vector<float> run(const std::vector<HeadMode>& modes, const SparseSettings& sp, int chunk,
+                         AttentionStats* st = nullptr) const {
+    std::vector<float> out(q.size());
+    std::vector<const float*> kp(Hkv), vp(Hkv);
+    for (int h = 0; h < Hkv; ++h) kp[h] = k.data() + size_t(h) * T * hd, vp[h] = v.data() + size_t(h) * T * hd;
+    for (int p0 = 0; p0 < T; p0 += chunk) {
+      AttentionArgs a;
+      a.q = q.data() + size_t(p0) * Hq * hd;
+      a.k = kp.data();
+      a.v = vp.data();
+      a.out = out.data() + size_t(p0) * Hq * hd;
+      a.T = std::min(chunk, T - p0);
+      a.pos0 = p0;
+      a.n_heads = Hq;
+      a.n_kv_heads = Hkv;
+      a.head_dim = hd;
+      a.modes = modes.data();
+      a.sparse = &sp;
+      a.stats = st;
+      a.track_esr = st != nullptr;
+      attention_forward(a);
+    }
+    return out;
+  }
+  // Dense double-precision attention with mask(h, i, j).
+  template <class Mask>
+  std::vector<float> dense(const Mask& mask) const {
+    std::vector<float> out(q.size());
+    const int g = Hq / Hkv;
+    for (int h = 0; h < Hq; ++h)
+      for (int i = 0; i < T; ++i) {
+        std::vector<double> s(T, -INFINITY);
+        double mx = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          if (!mask(h, i, j)) continue;
+          double d = 0;
+          for (int e = 0; e < hd; ++e) d += double(q[(size_t(i) * Hq + h) * hd + e]) * k[(size_t(h / g) * T + j) * hd + e];
+          s[j] = d / std::sqrt(double(hd));
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= i; ++j) sum += mask(h, i, j) ? std::exp(s[j] - mx) : 0;
+        for (int e = 0; e < hd; ++e) {
+          double acc = 0;
+          for (int j = 0; j <= i; ++j)
+            if (mask(h, i, j)) acc += std::exp(s[j] - mx) / sum * v[(size_t(h / g) * T + j) * hd + e];
+          out[(size_t(i) * Hq + h) * hd + e] = float(acc);
+        }
+      }
+    return out;
+  }
+};
+
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double md = 0, mv = 0;
+  for (size_t i = 0; i < a.size(); ++i) md = std::max(md, double(std::abs(a[i] - b[i]))), mv = std::max(mv, double(std::abs(b[i])));
+  return md / mv;
+}
+
+unsigned fresh_seed() {
+  unsigned s = std::random_device{}();
+  std::printf("seed %u\n", s);
+  return s;
+}
+
+}  // namespace
+
+TEST(Attention, FullEqualsDenseCausal) {
+  Case c(fresh_seed());
+  SparseSettings sp;
+  auto out = c.run({HeadMode::Full, HeadMode::Full}, sp, c.T);
+  EXPECT_LT(rel(out, c.dense([](int, int, int) { return true; })), 1e-5);
+}
+
+TEST(Attention, StreamingEqualsDenseWithBlockMask) {
+  Case c(fresh_seed());
+  SparseSettings sp;
+  sp.block = 64;
+  sp.sink = 64;
+  sp.local = 128;
+  auto out = c.run({HeadMode::Streaming, HeadMode::Full}, sp, c.T);
+  auto ref = c.dense([&](int h, int i, int j) {
+    if (h / 2 == 1) return true;
+    const int qb = i / 64, kb = j / 64;
+    return kb < 1 || qb - kb < 2;
+  });
+  EXPECT_LT(rel(out, ref), 1e-5);
+}
+
+TEST(Attention, XAttnEqualsDenseWithItsSelection) {
+  Case c(fresh_seed());
+  SparseSettings sp;
+  sp.xattn.tau = 0.5f;
+  auto out = c.run({HeadMode::Full, HeadMode::XAttn}, sp, c.T);
+  std::vector<BlockMask> masks(c.Hq);
+  for (int h = 2; h < 4; ++h) {
+    std::vector<float> qh(size_t(c.T) * c.hd);
+    for (int t = 0; t < c.T; ++t)
+      for (int e = 0; e < c.hd; ++e) qh[size_t(t) * c.hd + e] = c.q[(size_t(t) * c.Hq + h) * c.hd + e];
+    XAttnParams xp = sp.xattn;
+    xp.block = sp.block;
+    masks[h] = xattn_select(qh.data(), c.k.data() + size_t(1) * c.T * c.hd, c.T, c.hd, xp);
+  }
+  auto ref = c.dense([&](int h, int i, int j) { return h < 2 || masks[h].at(i / 64, j / 64); });
+  EXPECT_LT(rel(out, ref), 1e-5);
+}
+
+TEST(Attention, ChunkedPrefillEqualsUnchunked) {
+  Case c(fresh_seed());
+  SparseSettings sp;
+  sp.sink = 64;
+  sp.local = 64;
+  std::vector<HeadMode> modes{HeadMode::Streaming, HeadMode::Full};
+  auto whole = c.run(modes, sp, c.T);
+  for (int chunk : {1, 37, 64, 150}) EXPECT_LT(rel(c.run(modes, sp, chunk), whole), 1e-6) << "chunk " << chunk;
+}
+
+TEST(Attention, MetricsOnHandMadeCase) {
+  Case c(1);
+  c.T = 256;
+  SparseSettings sp;
+  sp.sink = 64;
+  sp.local = 64;
+  AttentionStats st;
+  c.run({HeadMode::Streaming, HeadMode::Full}, sp, c.T, &st);
+  // 4 query blocks: causal block pairs 1+2+3+4 = 10; streaming keeps {0},{0,1},{0,2},{0,3} = 7, skips 3.
+  EXPECT_NEAR(st.esr(), (0.3 + 0.0) / 2, 1e-12);
+  // Keys computed per streaming query row: block 0 (capped causally) + own block up to the row.
+  double done = 0, full = 0;
+  for (int i = 0; i < 256; ++i) {
+    full += i + 1;
+    done += (i < 128) ? i + 1 : 64 + (i % 64) + 1;
+  }
+  EXPECT_NEAR(st.flops_ratio(), (2 * full + 2 * done) / (4 * full), 1e-12);
+  RoutingTable r = RoutingTable::all_full(4, 2);
+  r.mode[1] = HeadMode::Streaming;
+  r.mode[6] = HeadMode::XAttn;
+  EXPECT_DOUBLE_EQ(r.msr(), 0.25);
+}
+
+TEST(Attention, AllFullRoutingEqualsPlainModel) {
+  const std::string dir = std::string(ELASTIC_FIXTURE_DIR) + "/qwen3_tiny";
+  Model m = Model::load(dir);
+  std::vector<int32_t> ids(20);
+  for (int i = 0; i < 20; ++i) ids[i] = (i * 37) % m.config.vocab;
+  KVCache c1, c2;
+  c1.init(m.config, 20);
+  c2.init(m.config, 20);
+  std::vector<float> a, b;
+  m.forward(ids.data(), 20, c1, a, true);
+  m.routing = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, HeadMode::Streaming);  // window covers all
+  m.forward(ids.data(), 20, c2, b, true);
+  EXPECT_EQ(a, b);
+}
+
+static std::string write_tmp(const std::string& body) {
+  std::string p = "/tmp/elastic_routing_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(p) << body;
+  return p;
+}
+
+static std::string routing_error(const std::string& body) {
+  try {
+    load_routing(write_tmp(body), 2, 2);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Routing, FileRoundTripAndErrors) {
+  RoutingTable r = RoutingTable::all_full(2, 2);
+  r.mode[3] = HeadMode::XAttn;
+  r.sparse.local = 512;
+  std::string p = write_tmp("");
+  save_routing(r, p);
+  RoutingTable back = load_routing(p, 2, 2);
+  EXPECT_EQ(back.mode, r.mode);
+  EXPECT_EQ(back.sparse.local, 512);
+  EXPECT_NE(routing_error(R"({"layers":[["full","full"]]})").find("has 1 layers, the model has 2"), std::string::npos);
+  EXPECT_NE(routing_error(R"({"layers":[["full"],["full","full"]]})").find("layer 0 must list 2"), std::string::npos);
+  EXPECT_NE(routing_error(R"({"layers":[["full","dense"],["full","full"]]})").find("unknown head mode 'dense'"), std::string::npos);
+  EXPECT_NE(routing_error(R"({"block_size":96,"layers":[["full","full"],["full","full"]]})").find("block_size"), std::string::npos);
+  EXPECT_NE(routing_error(R"({"layers": [)").find("malformed JSON"), std::string::npos);
+  EXPECT_NE(routing_error(R"({"xattn":{"stride":7},"layers":[["full","full"],["full","full"]]})").find("stride"), std::string::npos);
+}
