@@ -77,6 +77,8 @@ int main(int argc, char** argv) {
   lg->add_option("-o,--output", lg_out, "Output .npy")->required();
   lg->add_option("-t,--threads", lg_threads, "CPU threads")->check(CLI::NonNegativeNumber);
   std::string lg_routing, lg_mode;
+  int lg_chunk = kDefaultPrefillChunk;
+  lg->add_option("--chunk", lg_chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
   lg->add_option("--routing", lg_routing, "Routing JSON: mode per layer per KV head plus sparse settings");
   lg->add_option("--mode", lg_mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
 
@@ -102,6 +104,8 @@ int main(int argc, char** argv) {
   gen->add_flag("--print-ids", g_print_ids, "Print the new ids as a JSON array instead of text");
   gen->add_flag("--ignore-eos", g_ignore_eos, "Do not stop at end-of-sequence tokens");
   std::string g_routing, g_mode;
+  int g_chunk = kDefaultPrefillChunk;
+  gen->add_option("--chunk", g_chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
   gen->add_option("--routing", g_routing, "Routing JSON: mode per layer per KV head plus sparse settings");
   gen->add_option("--mode", g_mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
 
@@ -124,7 +128,7 @@ int main(int argc, char** argv) {
       cache.init(m.config, static_cast<int>(ids.size()));
       std::vector<float> logits;
       AttentionStats st;
-      m.forward(ids.data(), static_cast<int>(ids.size()), cache, logits, true, &st);
+      m.prefill(ids.data(), static_cast<int>(ids.size()), lg_chunk, cache, logits, true, &st);
       print_metrics(m.routing, st);
       write_npy_f32(lg_out, logits.data(), {static_cast<int64_t>(ids.size()), m.config.vocab});
     } else if (*gen) {
@@ -147,7 +151,7 @@ int main(int argc, char** argv) {
       auto stream = [&](int32_t id) {
         if (!g_print_ids && t) { std::cout << t->decode({id}) << std::flush; }
       };
-      std::vector<int32_t> out = generate(m, prompt, g_n, g_ctx, sp, !g_ignore_eos, &st, stream);
+      std::vector<int32_t> out = generate(m, prompt, g_n, g_ctx, sp, !g_ignore_eos, &st, stream, g_chunk);
       if (g_print_ids || !t) std::cout << ids_json(out);
       std::cout << std::endl;
       std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s) | decode: %d tokens in %.3f s (%.1f tok/s)\n",

@@ -61,6 +61,7 @@ struct AttentionArgs {
   const SparseSettings* sparse = nullptr;
   AttentionStats* stats = nullptr;  // optional
   bool track_esr = false;           // record per-head block skips into stats
+  float* last_row_probs = nullptr;  // optional [Hq, pos0 + T]: softmax weights of the last query row (probing)
 };
 
 // Causal softmax attention with fp32 accumulation; dispatches per KV head on its mode.

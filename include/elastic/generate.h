@@ -16,6 +16,8 @@ struct SamplerParams {
   uint64_t seed = 0;
 };
 
+constexpr int kDefaultPrefillChunk = 16384;
+
 class Sampler {
  public:
   explicit Sampler(const SamplerParams& p) : p_(p), rng_(p.seed) {}
@@ -36,6 +38,6 @@ struct GenerateStats {
 // on_token (optional) sees each new id as it is produced.
 std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt, int n_new, int context,
                               const SamplerParams& sp, bool stop_at_eos, GenerateStats* stats,
-                              const std::function<void(int32_t)>& on_token = {});
+                              const std::function<void(int32_t)>& on_token = {}, int prefill_chunk = kDefaultPrefillChunk);
 
 }  // namespace elastic

@@ -112,6 +112,26 @@ void attention_forward(const AttentionArgs& a) {
                          scores.data(), a.out + off);
     }
   }
+  if (a.last_row_probs) {
+    // Attention weights of the final query position, per query head, zero where a block is skipped.
+    const int p = n_pos - 1, qb = p / B;
+    for (int h = 0; h < a.n_heads; ++h) {
+      float* w = a.last_row_probs + static_cast<size_t>(h) * n_pos;
+      const float* qr = a.q + (static_cast<size_t>(a.T - 1) * a.n_heads + h) * hd;
+      const float* K = a.k[h / group];
+      float mx = -INFINITY;
+      for (int j = 0; j < n_pos; ++j) {
+        if (!keeps(h, qb, j / B)) { w[j] = -INFINITY; continue; }
+        float s = 0.f;
+        for (int d = 0; d < hd; ++d) s += qr[d] * K[static_cast<size_t>(j) * hd + d];
+        w[j] = s * scale;
+        mx = std::max(mx, w[j]);
+      }
+      float sum = 0.f;
+      for (int j = 0; j < n_pos; ++j) sum += (w[j] = std::isinf(w[j]) ? 0.f : std::exp(w[j] - mx));
+      for (int j = 0; j < n_pos; ++j) w[j] /= sum;
+    }
+  }
   if (!a.stats) return;
   AttentionStats& st = *a.stats;
   st.pairs_done += done;

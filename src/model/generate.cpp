@@ -8,7 +8,7 @@ namespace elastic {
 
 std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt, int n_new, int context,
                               const SamplerParams& sp, bool stop_at_eos, GenerateStats* stats,
-                              const std::function<void(int32_t)>& on_token) {
+                              const std::function<void(int32_t)>& on_token, int prefill_chunk) {
   using clock = std::chrono::steady_clock;
   if (prompt.empty()) throw std::runtime_error("generate: empty prompt");
   if (n_new < 0) throw std::runtime_error("generate: -n must be >= 0");
@@ -24,7 +24,7 @@ std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt
   std::vector<int32_t> out;
   auto t0 = clock::now();
   AttentionStats* as = stats ? &stats->attn : nullptr;
-  m.forward(prompt.data(), static_cast<int>(prompt.size()), cache, logits, false, as);
+  m.prefill(prompt.data(), static_cast<int>(prompt.size()), prefill_chunk, cache, logits, false, as);
   auto t1 = clock::now();
   for (int i = 0; i < n_new; ++i) {
     int32_t id = sampler.sample(logits.data(), m.config.vocab);

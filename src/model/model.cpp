@@ -103,7 +103,7 @@ Model Model::load(const std::string& model_dir) {
 }
 
 void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
-                    AttentionStats* stats) const {
+                    AttentionStats* stats, std::vector<std::vector<float>>* last_row_probs) const {
   const ModelConfig& c = config;
   const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, F = c.intermediate, V = c.vocab;
   const int pos0 = cache.length;
@@ -161,6 +161,11 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
     a.sparse = &routing.sparse;
     a.stats = stats;
     a.track_esr = stats && l == c.n_layers - 1;
+    if (last_row_probs) {
+      last_row_probs->resize(c.n_layers);
+      (*last_row_probs)[l].assign(static_cast<size_t>(Hq) * (pos0 + T), 0.f);
+      a.last_row_probs = (*last_row_probs)[l].data();
+    }
     attention_forward(a);
     linear(att.data(), L.wo.data(), {}, o.data(), T, D, Hq * hd);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
@@ -180,6 +185,23 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
   rmsnorm_rows(xs, weights.final_norm.data(), h.data(), rows, D, c.rms_eps);
   logits.resize(static_cast<size_t>(rows) * V);
   linear(h.data(), weights.head(), {}, logits.data(), rows, V, D);
+}
+
+}  // namespace elastic
+
+namespace elastic {
+
+void Model::prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::vector<float>& logits, bool all_logits,
+                    AttentionStats* stats) const {
+  if (chunk <= 0) throw std::invalid_argument("prefill: chunk size must be positive");
+  std::vector<float> part;
+  if (all_logits) logits.clear();
+  for (int t0 = 0; t0 < T; t0 += chunk) {
+    const int n = std::min(chunk, T - t0);
+    forward(ids + t0, n, cache, part, all_logits, stats);
+    if (all_logits) logits.insert(logits.end(), part.begin(), part.end());
+  }
+  if (!all_logits) logits.swap(part);
 }
 
 }  // namespace elastic
