@@ -26,7 +26,17 @@ expect_fail "--bogus" $BIN generate -m $FX/qwen3_tiny --bogus
 expect_fail "-n" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n -3
 expect_fail "A subcommand is required" $BIN
 expect_fail "exactly one" $BIN tokenize --tokenizer $SRC/../shared/qwen3-tokenizer/tokenizer.json
+echo '{"layers": [["full","full"]]}' > $TMP/routing_bad.json
+expect_fail "has 1 layers, the model has 2" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --routing $TMP/routing_bad.json
+expect_fail "--mode" $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy --mode dense
+expect_fail "not both" $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy --mode ssa --routing $TMP/routing_bad.json
+expect_fail "--sparsity" $BIN route static --scores $TMP/none.json --sparsity 1.5
+expect_fail "none.json" $BIN route static --scores $TMP/none.json --sparsity 0.5
+expect_fail "model folder not found" $BIN probe -m $TMP/nope
 # and the good paths work
+$BIN probe -m $FX/qwen3_tiny -c 80 --depths 3 -o $TMP/heads.json >/dev/null 2>&1 && [ -s $TMP/heads.svg ] || { echo "FAIL: probe"; fails=$((fails+1)); }
+$BIN route static --scores $TMP/heads.json --sparsity 0.5 -o $TMP/r.json >/dev/null 2>&1 || { echo "FAIL: route static"; fails=$((fails+1)); }
+$BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy --routing $TMP/r.json >/dev/null 2>&1 || { echo "FAIL: logits --routing"; fails=$((fails+1)); }
 $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 4 --print-ids >/dev/null 2>&1 || { echo "FAIL: generate"; fails=$((fails+1)); }
 rm -rf $TMP
 [ $fails -eq 0 ] && echo "all CLI error cases passed"

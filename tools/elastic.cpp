@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -9,7 +10,11 @@
 #include <sstream>
 #include <string>
 
+#include <chrono>
+
 #include "elastic/generate.h"
+#include "elastic/heatmap_svg.h"
+#include "elastic/probe.h"
 #include "elastic/model.h"
 #include "elastic/npy.h"
 #include "elastic/tokenizer.h"
@@ -109,6 +114,37 @@ int main(int argc, char** argv) {
   gen->add_option("--routing", g_routing, "Routing JSON: mode per layer per KV head plus sparse settings");
   gen->add_option("--mode", g_mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
 
+  // probe
+  auto* pr = app.add_subcommand("probe", "Measure retrieval scores per (layer, KV head) with needle-in-a-haystack prompts");
+  std::string pr_model, pr_hay, pr_out = "heads.json", pr_svg, pr_tok;
+  ProbeOptions po;
+  int pr_threads = 0;
+  pr->add_option("-m,--model", pr_model, "Hugging Face model folder")->required();
+  pr->add_option("--haystack", pr_hay, "Haystack text file (default: built-in filler)");
+  pr->add_option("--tokenizer", pr_tok, "tokenizer.json (default: the model folder's; random ids when absent)");
+  pr->add_option("-c,--ctx-size", po.context, "Prompt length in tokens")->check(CLI::PositiveNumber);
+  pr->add_option("--depths", po.n_depths, "Needle depths")->check(CLI::PositiveNumber);
+  pr->add_option("--needles", po.n_needles_per_depth, "Prompts per depth")->check(CLI::PositiveNumber);
+  pr->add_option("--seed", po.seed, "Seed");
+  pr->add_option("-t,--threads", pr_threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  pr->add_option("-o,--output", pr_out, "Scores JSON");
+  pr->add_option("--svg", pr_svg, "Heat map SVG (default: output with .svg)");
+
+  // route static
+  auto* rt = app.add_subcommand("route", "Build routing files");
+  rt->require_subcommand(1);
+  auto* rts = rt->add_subcommand("static", "DuoAttention-style baseline: keep the top-scoring heads full");
+  std::string rt_scores, rt_out = "routing.json", rt_mode = "ssa";
+  double rt_sparsity = 0.7;
+  SparseSettings rt_sparse;
+  rts->add_option("--scores", rt_scores, "heads.json from elastic probe")->required();
+  rts->add_option("--sparsity", rt_sparsity, "Target Omega_MSR in [0, 1]")->check(CLI::Range(0.0, 1.0));
+  rts->add_option("--sparse-mode", rt_mode, "Mode of the sparse heads")->check(CLI::IsMember({"ssa", "xattn"}));
+  rts->add_option("--block", rt_sparse.block, "Block size (64 or 128)");
+  rts->add_option("--sink", rt_sparse.sink, "Streaming sink tokens");
+  rts->add_option("--local", rt_sparse.local, "Streaming local window tokens");
+  rts->add_option("-o,--output", rt_out, "Routing JSON");
+
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -158,6 +194,38 @@ int main(int argc, char** argv) {
                    st.prompt_tokens, st.prefill_s, st.prompt_tokens / std::max(st.prefill_s, 1e-9), st.new_tokens,
                    st.decode_s, st.new_tokens > 1 ? (st.new_tokens - 1) / std::max(st.decode_s, 1e-9) : 0.0);
       print_metrics(m.routing, st.attn);
+    } else if (*pr) {
+      set_threads(pr_threads);
+      po.haystack_file = pr_hay;
+      Model m = Model::load(pr_model);
+      std::unique_ptr<Tokenizer> t;
+      if (!pr_tok.empty() || fs::exists(fs::path(pr_model) / "tokenizer.json"))
+        t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(pr_model, pr_tok)));
+      else
+        std::fprintf(stderr, "probe: no tokenizer.json in %s: using random token ids for haystack and needle\n", pr_model.c_str());
+      auto t0 = std::chrono::steady_clock::now();
+      HeadScores hs = probe_retrieval_heads(m, t.get(), po, [&](int done, int total) {
+        double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        double rate = done / std::max(el, 1e-9);
+        std::fprintf(stderr, "\rprobe %d/%d prompts | %.2f prompts/s | eta %.0fs   ", done, total, rate,
+                     (total - done) / std::max(rate, 1e-9));
+      });
+      std::fprintf(stderr, "\n");
+      save_head_scores(hs, pr_out);
+      std::string svg = pr_svg.empty() ? fs::path(pr_out).replace_extension(".svg").string() : pr_svg;
+      write_heatmap_svg(svg, hs.score, hs.n_layers, hs.n_kv_heads, "Retrieval score per (layer, KV head)", "layer",
+                        "KV head");
+      std::fprintf(stderr, "wrote %s and %s (%d prompts)\n", pr_out.c_str(), svg.c_str(), hs.prompts);
+    } else if (*rts) {
+      HeadScores hs = load_head_scores(rt_scores);
+      RoutingTable r = static_routing(hs, rt_sparsity, parse_head_mode(rt_mode));
+      rt_sparse.xattn.block = rt_sparse.block;
+      validate_sparse(rt_sparse, "route static");
+      r.sparse = rt_sparse;
+      save_routing(r, rt_out);
+      std::fprintf(stderr, "wrote %s: %d of %d KV heads full, Omega_MSR %.3f\n", rt_out.c_str(),
+                   static_cast<int>(std::count(r.mode.begin(), r.mode.end(), HeadMode::Full)),
+                   static_cast<int>(r.mode.size()), r.msr());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -43,7 +43,8 @@ HeadScores load_head_scores(const std::string& path);
 HeadScores load_head_scores(const std::string& path, int n_layers, int n_kv_heads);
 
 // Keeps the top floor((1 - sparsity) * L * H) heads by score FULL, routes the rest to sparse_mode. Ties are broken
-// by the lower (layer, head) index. sparsity must be in [0, 1].
+// by the lower (layer, head) index. sparsity must be in [0, 1]. The floor has a 1e-9 tolerance so that e.g.
+// (1 - 0.9) * 10 = 0.99999... keeps 1 head.
 RoutingTable static_routing(const HeadScores& s, double sparsity, HeadMode sparse_mode);
 
 }  // namespace elastic

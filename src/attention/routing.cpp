@@ -1,3 +1,4 @@
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -99,7 +100,7 @@ void save_routing(const RoutingTable& r, const std::string& path) {
   j["block_size"] = r.sparse.block;
   j["sink"] = r.sparse.sink;
   j["local"] = r.sparse.local;
-  j["xattn"] = {{"stride", r.sparse.xattn.stride}, {"tau", r.sparse.xattn.tau}};
+  j["xattn"] = {{"stride", r.sparse.xattn.stride}, {"tau", std::round(static_cast<double>(r.sparse.xattn.tau) * 1e6) / 1e6}};
   j["layers"] = json::array();
   for (int l = 0; l < r.n_layers; ++l) {
     json row = json::array();
