@@ -33,9 +33,11 @@ expect_fail "not both" $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.np
 expect_fail "--sparsity" $BIN route static --scores $TMP/none.json --sparsity 1.5
 expect_fail "none.json" $BIN route static --scores $TMP/none.json --sparsity 0.5
 expect_fail "model folder not found" $BIN probe -m $TMP/nope
+echo '{"sink": 64, "local": 4096, "layers": [["ssa","full"],["full","full"]]}' > $TMP/routing_wide.json
+expect_fail "exceeds the model's context 128" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --routing $TMP/routing_wide.json
 # and the good paths work
 $BIN probe -m $FX/qwen3_tiny -c 80 --depths 3 -o $TMP/heads.json >/dev/null 2>&1 && [ -s $TMP/heads.svg ] || { echo "FAIL: probe"; fails=$((fails+1)); }
-$BIN route static --scores $TMP/heads.json --sparsity 0.5 -o $TMP/r.json >/dev/null 2>&1 || { echo "FAIL: route static"; fails=$((fails+1)); }
+$BIN route static --scores $TMP/heads.json --sparsity 0.5 --sink 0 --local 64 -o $TMP/r.json >/dev/null 2>&1 || { echo "FAIL: route static"; fails=$((fails+1)); }
 $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy --routing $TMP/r.json >/dev/null 2>&1 || { echo "FAIL: logits --routing"; fails=$((fails+1)); }
 $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 4 --print-ids >/dev/null 2>&1 || { echo "FAIL: generate"; fails=$((fails+1)); }
 rm -rf $TMP

@@ -28,13 +28,19 @@ struct Case {
   std::vector<float> run(const std::vector<HeadMode>& modes, const SparseSettings& sp, int chunk,
                          AttentionStats* st = nullptr) const {
     std::vector<float> out(q.size());
-    std::vector<const float*> kp(Hkv), vp(Hkv);
-    for (int h = 0; h < Hkv; ++h) kp[h] = k.data() + size_t(h) * T * hd, vp[h] = v.data() + size_t(h) * T * hd;
+    std::vector<HeadKV> kv(Hkv);
     for (int p0 = 0; p0 < T; p0 += chunk) {
+      for (int h = 0; h < Hkv; ++h) {
+        kv[h].k_cache = k.data() + size_t(h) * T * hd;
+        kv[h].v_cache = v.data() + size_t(h) * T * hd;
+        kv[h].k_new = kv[h].k_cache + size_t(p0) * hd;
+        kv[h].v_new = kv[h].v_cache + size_t(p0) * hd;
+        kv[h].new_stride = kv[h].hd = hd;
+        kv[h].pos0 = p0;
+      }
       AttentionArgs a;
       a.q = q.data() + size_t(p0) * Hq * hd;
-      a.k = kp.data();
-      a.v = vp.data();
+      a.kv = kv.data();
       a.out = out.data() + size_t(p0) * Hq * hd;
       a.T = std::min(chunk, T - p0);
       a.pos0 = p0;

@@ -49,6 +49,12 @@ void apply_routing(Model& m, const std::string& routing_file, const std::string&
   if (!routing_file.empty() && !mode.empty()) throw std::runtime_error("give --routing or --mode, not both");
   if (!routing_file.empty()) m.routing = load_routing(routing_file, m.config.n_layers, m.config.n_kv_heads);
   else if (!mode.empty()) m.routing = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, parse_head_mode(mode));
+  const SparseSettings& s = m.routing.sparse;
+  // A routing file written for another model can ask for a window longer than this one's context.
+  if (!routing_file.empty() && m.routing.msr() > 0 && s.sink + s.local > m.config.max_positions)
+    throw std::runtime_error(routing_file + ": streaming sink + local (" +
+                             std::to_string(s.sink) + " + " + std::to_string(s.local) + ") exceeds the model's context " +
+                             std::to_string(m.config.max_positions) + " tokens");
 }
 
 void print_metrics(const RoutingTable& r, const AttentionStats& st) {
@@ -194,6 +200,7 @@ int main(int argc, char** argv) {
                    st.prompt_tokens, st.prefill_s, st.prompt_tokens / std::max(st.prefill_s, 1e-9), st.new_tokens,
                    st.decode_s, st.new_tokens > 1 ? (st.new_tokens - 1) / std::max(st.decode_s, 1e-9) : 0.0);
       print_metrics(m.routing, st.attn);
+      std::fprintf(stderr, "kv cache: %.2f MiB\n", st.kv_bytes / 1048576.0);
     } else if (*pr) {
       set_threads(pr_threads);
       po.haystack_file = pr_hay;

@@ -50,11 +50,29 @@ struct AttentionStats {
   double esr() const;  // Omega_ESR: mean over heads of skipped / causal key blocks
 };
 
+// One KV head's keys and values as attention sees them: positions before pos0 come from the cache, whose slots are
+// either one per position (ring_slots == 0) or `sink_slots` fixed slots then a ring of `ring_slots` (a streaming
+// head stores only sink + window); positions from pos0 on come from this call's fresh rows.
+struct HeadKV {
+  const float* k_cache = nullptr;  // [slots, hd]
+  const float* v_cache = nullptr;
+  int sink_slots = 0, ring_slots = 0;
+  const float* k_new = nullptr;  // row t = position pos0 + t, `new_stride` floats apart
+  const float* v_new = nullptr;
+  int new_stride = 0, pos0 = 0, hd = 0;
+  int slot(int j) const { return ring_slots == 0 || j < sink_slots ? j : sink_slots + (j - sink_slots) % ring_slots; }
+  const float* k(int j) const {
+    return j >= pos0 ? k_new + static_cast<size_t>(j - pos0) * new_stride : k_cache + static_cast<size_t>(slot(j)) * hd;
+  }
+  const float* v(int j) const {
+    return j >= pos0 ? v_new + static_cast<size_t>(j - pos0) * new_stride : v_cache + static_cast<size_t>(slot(j)) * hd;
+  }
+};
+
 // One layer's attention for T new query positions [pos0, pos0 + T).
 struct AttentionArgs {
-  const float* q = nullptr;         // [T, Hq, hd], RoPE applied
-  const float* const* k = nullptr;  // per KV head: [pos0 + T, hd] cached keys (RoPE applied)
-  const float* const* v = nullptr;  // per KV head: [pos0 + T, hd]
+  const float* q = nullptr;      // [T, Hq, hd], RoPE applied
+  const HeadKV* kv = nullptr;    // [Hkv]: keys (RoPE applied) and values of positions [0, pos0 + T)
   float* out = nullptr;             // [T, Hq, hd]
   int T = 0, pos0 = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   const HeadMode* modes = nullptr;  // [Hkv] routing of this layer

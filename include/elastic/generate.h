@@ -31,6 +31,7 @@ class Sampler {
 struct GenerateStats {
   int prompt_tokens = 0, new_tokens = 0;
   double prefill_s = 0, decode_s = 0;
+  size_t kv_bytes = 0;  // KV-cache memory (hybrid: follows the routing)
   AttentionStats attn;  // prefill + decode attention work, Omega_ESR of the last layer
 };
 

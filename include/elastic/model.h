@@ -32,11 +32,14 @@ struct ModelWeights {
 // Loads and validates every expected tensor (names, shapes) from the model folder's safetensors.
 ModelWeights load_weights(const ModelConfig& cfg, const std::string& model_dir);
 
-// Key/value cache: per layer, per KV head, [capacity, hd] rows in position order.
+// Key/value cache: per layer, per KV head (index l * Hkv + h), [slots, hd] rows. `capacity` counts positions.
+// A full head has one slot per position. With a routing given, a streaming head keeps only its sink blocks plus a
+// ring of its local window (the hybrid cache), so memory falls with sparsity.
 struct KVCache {
   int n_layers = 0, n_kv_heads = 0, head_dim = 0, capacity = 0, length = 0;
-  std::vector<std::vector<float>> k, v;  // index l * Hkv + h
-  void init(const ModelConfig& cfg, int capacity);
+  std::vector<std::vector<float>> k, v;
+  std::vector<int> sink_slots, ring_slots;  // per head; ring 0 = one slot per position
+  void init(const ModelConfig& cfg, int capacity, const RoutingTable* hybrid = nullptr);
   size_t bytes() const;
 };
 

@@ -26,7 +26,7 @@ namespace {
 // One query row at absolute position p against the keys of the allowed blocks (token-causal inside them):
 // exact softmax (max-subtracted) in fp32. keep(kb) says whether key block kb is computed. Returns keys touched.
 template <class Keep>
-int sparse_row(const float* q, const float* K, const float* V, int p, int hd, int B, float scale, const Keep& keep,
+int sparse_row(const float* q, const HeadKV& kv, int p, int hd, int B, float scale, const Keep& keep,
                float* scores, float* out) {
   const int qb = p / B;
   float mx = -INFINITY;
@@ -35,7 +35,7 @@ int sparse_row(const float* q, const float* K, const float* V, int p, int hd, in
     if (!keep(kb)) continue;
     const int j1 = std::min(p + 1, (kb + 1) * B);
     for (int j = kb * B; j < j1; ++j) {
-      const float* kj = K + static_cast<size_t>(j) * hd;
+      const float* kj = kv.k(j);
       float s = 0.f;
       for (int d = 0; d < hd; ++d) s += q[d] * kj[d];
       s *= scale;
@@ -52,7 +52,7 @@ int sparse_row(const float* q, const float* K, const float* V, int p, int hd, in
     for (int j = kb * B; j < j1; ++j) {
       const float e = std::exp(scores[j] - mx);
       sum += e;
-      const float* vj = V + static_cast<size_t>(j) * hd;
+      const float* vj = kv.v(j);
       for (int d = 0; d < hd; ++d) out[d] += e * vj[d];
     }
   }
@@ -87,7 +87,9 @@ void attention_forward(const AttentionArgs& a) {
         XAttnParams xp = sp.xattn;
         xp.block = B;
         std::vector<float> qh = head_rows(a.q, a.T, a.n_heads, h, hd);
-        xmask[h] = xattn_select(qh.data(), a.k[h / group], a.T, hd, xp);
+        std::vector<float> kh(static_cast<size_t>(a.T) * hd);
+        for (int t = 0; t < a.T; ++t) std::copy_n(a.kv[h / group].k(t), hd, kh.data() + static_cast<size_t>(t) * hd);
+        xmask[h] = xattn_select(qh.data(), kh.data(), a.T, hd, xp);
       }
 
   auto keeps = [&](int h, int qb, int kb) {
@@ -108,7 +110,7 @@ void attention_forward(const AttentionArgs& a) {
     for (int i = 0; i < total; ++i) {
       const int t = i / a.n_heads, h = i % a.n_heads, kvh = h / group, p = a.pos0 + t, qb = p / B;
       const size_t off = (static_cast<size_t>(t) * a.n_heads + h) * hd;
-      done += sparse_row(a.q + off, a.k[kvh], a.v[kvh], p, hd, B, scale, [&](int kb) { return keeps(h, qb, kb); },
+      done += sparse_row(a.q + off, a.kv[kvh], p, hd, B, scale, [&](int kb) { return keeps(h, qb, kb); },
                          scores.data(), a.out + off);
     }
   }
@@ -118,12 +120,13 @@ void attention_forward(const AttentionArgs& a) {
     for (int h = 0; h < a.n_heads; ++h) {
       float* w = a.last_row_probs + static_cast<size_t>(h) * n_pos;
       const float* qr = a.q + (static_cast<size_t>(a.T - 1) * a.n_heads + h) * hd;
-      const float* K = a.k[h / group];
+      const HeadKV& kv = a.kv[h / group];
       float mx = -INFINITY;
       for (int j = 0; j < n_pos; ++j) {
         if (!keeps(h, qb, j / B)) { w[j] = -INFINITY; continue; }
         float s = 0.f;
-        for (int d = 0; d < hd; ++d) s += qr[d] * K[static_cast<size_t>(j) * hd + d];
+        const float* kj = kv.k(j);
+        for (int d = 0; d < hd; ++d) s += qr[d] * kj[d];
         w[j] = s * scale;
         mx = std::max(mx, w[j]);
       }

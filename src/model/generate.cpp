@@ -18,7 +18,7 @@ std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt
     throw std::runtime_error("prompt has " + std::to_string(prompt.size()) + " tokens, more than the context " +
                              std::to_string(context));
   KVCache cache;
-  cache.init(m.config, std::min(context, need));
+  cache.init(m.config, std::min(context, need), &m.routing);  // hybrid: streaming heads keep sink + window
   Sampler sampler(sp);
   std::vector<float> logits;
   std::vector<int32_t> out;
@@ -40,6 +40,7 @@ std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt
     stats->new_tokens = static_cast<int>(out.size());
     stats->prefill_s = std::chrono::duration<double>(t1 - t0).count();
     stats->decode_s = std::chrono::duration<double>(t2 - t1).count();
+    stats->kv_bytes = cache.bytes();
   }
   return out;
 }

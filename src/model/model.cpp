@@ -75,14 +75,32 @@ void apply_rope(float* x, int T, int H, int hd, int pos0, const std::vector<floa
 
 }  // namespace
 
-void KVCache::init(const ModelConfig& cfg, int cap) {
+void KVCache::init(const ModelConfig& cfg, int cap, const RoutingTable* hybrid) {
   n_layers = cfg.n_layers;
   n_kv_heads = cfg.n_kv_heads;
   head_dim = cfg.head_dim;
   capacity = cap;
   length = 0;
-  k.assign(static_cast<size_t>(n_layers) * n_kv_heads, std::vector<float>(static_cast<size_t>(cap) * head_dim));
-  v = k;
+  const size_t n = static_cast<size_t>(n_layers) * n_kv_heads;
+  k.assign(n, {});
+  v.assign(n, {});
+  sink_slots.assign(n, 0);
+  ring_slots.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    int slots = cap;
+    if (hybrid && hybrid->mode[i] == HeadMode::Streaming) {
+      const SparseSettings& s = hybrid->sparse;
+      const int sink = (s.sink + s.block - 1) / s.block * s.block;
+      const int ring = std::max(1, (s.local + s.block - 1) / s.block) * s.block;
+      if (sink + ring < cap) {
+        sink_slots[i] = sink;
+        ring_slots[i] = ring;
+        slots = sink + ring;
+      }
+    }
+    k[i].assign(static_cast<size_t>(slots) * head_dim, 0.f);
+    v[i].assign(static_cast<size_t>(slots) * head_dim, 0.f);
+  }
 }
 
 size_t KVCache::bytes() const {
@@ -124,7 +142,7 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
   for (int t = 0; t < T; ++t)
     std::copy_n(weights.embed.data() + static_cast<size_t>(ids[t]) * D, D, x.data() + static_cast<size_t>(t) * D);
 
-  std::vector<const float*> kp(Hkv), vp(Hkv);
+  std::vector<HeadKV> kv(Hkv);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = weights.layers[l];
     rmsnorm_rows(x.data(), L.attn_norm.data(), h.data(), T, D, c.rms_eps);
@@ -138,19 +156,21 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
     apply_rope(q.data(), T, Hq, hd, pos0, inv);
     apply_rope(k.data(), T, Hkv, hd, pos0, inv);
     for (int kh = 0; kh < Hkv; ++kh) {
-      float* kc = cache.k[static_cast<size_t>(l) * Hkv + kh].data();
-      float* vc = cache.v[static_cast<size_t>(l) * Hkv + kh].data();
-      for (int t = 0; t < T; ++t) {
-        std::copy_n(k.data() + (static_cast<size_t>(t) * Hkv + kh) * hd, hd, kc + static_cast<size_t>(pos0 + t) * hd);
-        std::copy_n(v.data() + (static_cast<size_t>(t) * Hkv + kh) * hd, hd, vc + static_cast<size_t>(pos0 + t) * hd);
-      }
-      kp[kh] = kc;
-      vp[kh] = vc;
+      const size_t ci = static_cast<size_t>(l) * Hkv + kh;
+      HeadKV& e = kv[kh];
+      e.k_cache = cache.k[ci].data();
+      e.v_cache = cache.v[ci].data();
+      e.sink_slots = cache.sink_slots[ci];
+      e.ring_slots = cache.ring_slots[ci];
+      e.k_new = k.data() + static_cast<size_t>(kh) * hd;
+      e.v_new = v.data() + static_cast<size_t>(kh) * hd;
+      e.new_stride = Hkv * hd;
+      e.pos0 = pos0;
+      e.hd = hd;
     }
     AttentionArgs a;
     a.q = q.data();
-    a.k = kp.data();
-    a.v = vp.data();
+    a.kv = kv.data();
     a.out = att.data();
     a.T = T;
     a.pos0 = pos0;
@@ -167,6 +187,15 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
       a.last_row_probs = (*last_row_probs)[l].data();
     }
     attention_forward(a);
+    // Append this call's keys/values after attention (a streaming head's ring may reuse slots read above).
+    for (int kh = 0; kh < Hkv; ++kh) {
+      const size_t ci = static_cast<size_t>(l) * Hkv + kh;
+      for (int t = 0; t < T; ++t) {
+        const size_t slot = kv[kh].slot(pos0 + t);
+        std::copy_n(k.data() + (static_cast<size_t>(t) * Hkv + kh) * hd, hd, cache.k[ci].data() + slot * hd);
+        std::copy_n(v.data() + (static_cast<size_t>(t) * Hkv + kh) * hd, hd, cache.v[ci].data() + slot * hd);
+      }
+    }
     linear(att.data(), L.wo.data(), {}, o.data(), T, D, Hq * hd);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
 
