@@ -148,6 +148,15 @@ TEST(Attention, ChunkedPrefillEqualsUnchunked) {
   for (int chunk : {1, 37, 64, 150}) EXPECT_LT(rel(c.run(modes, sp, chunk), whole), 1e-6) << "chunk " << chunk;
 }
 
+TEST(Attention, ChunkedXAttnEqualsUnchunkedOnBlockMultiples) {
+  Case c(fresh_seed());
+  SparseSettings sp;
+  sp.xattn.tau = 0.5f;
+  std::vector<HeadMode> modes{HeadMode::XAttn, HeadMode::Full};
+  auto whole = c.run(modes, sp, c.T);
+  for (int chunk : {64, 128}) EXPECT_LT(rel(c.run(modes, sp, chunk), whole), 1e-6) << "chunk " << chunk;
+}
+
 TEST(Attention, MetricsOnHandMadeCase) {
   Case c(1);
   c.T = 256;

@@ -83,8 +83,9 @@ struct AttentionArgs {
 };
 
 // Causal softmax attention with fp32 accumulation; dispatches per KV head on its mode.
-// XAttention selects blocks when the call starts at position 0 (a whole prefill); in decode or a later chunk its
-// heads attend to every cached key (the method is a prefill method).
+// XAttention selects blocks in prefill calls that start on a block boundary (chunked prefill with chunks that are
+// multiples of the block size gives the unchunked result); in decode its heads attend to every cached key (the
+// method is a prefill method).
 void attention_forward(const AttentionArgs& a);
 
 // Which key blocks a streaming head keeps for query block qb (kb <= qb).

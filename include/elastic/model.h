@@ -55,8 +55,8 @@ struct Model {
   // stats (optional) accumulates attention work and the last layer's block skips (Omega_ESR).
   void forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
                AttentionStats* stats = nullptr, std::vector<std::vector<float>>* last_row_probs = nullptr) const;
-  // Prefill in chunks of `chunk` tokens (same result as one pass for full and streaming heads; XAttention heads
-  // select blocks only within the first chunk and attend fully in later ones).
+  // Prefill in chunks of `chunk` tokens: the same result as one pass for full and streaming heads, and for
+  // XAttention heads when `chunk` is a multiple of the block size.
   void prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::vector<float>& logits, bool all_logits,
                AttentionStats* stats = nullptr) const;
   // last_row_probs (optional): per layer, [Hq, cache.length] attention weights of the last position (probing).

@@ -79,17 +79,21 @@ void attention_forward(const AttentionArgs& a) {
   const int n_pos = a.pos0 + a.T;
   const int nb = (n_pos + B - 1) / B;
 
-  // XAttention selections per query head (whole prefill only).
+  // XAttention selections per query head, for prefill calls that start on a block boundary. A query block's row of
+  // the selection depends only on its own queries and the keys before it, so a later chunk scores its rows against
+  // the whole key prefix (earlier query rows zero, their selection unused) and matches an unchunked prefill.
   std::vector<BlockMask> xmask(a.n_heads);
-  if (a.pos0 == 0)
+  if (a.pos0 % B == 0 && a.T > 1)
     for (int h = 0; h < a.n_heads; ++h)
       if (a.modes[h / group] == HeadMode::XAttn) {
         XAttnParams xp = sp.xattn;
         xp.block = B;
-        std::vector<float> qh = head_rows(a.q, a.T, a.n_heads, h, hd);
-        std::vector<float> kh(static_cast<size_t>(a.T) * hd);
-        for (int t = 0; t < a.T; ++t) std::copy_n(a.kv[h / group].k(t), hd, kh.data() + static_cast<size_t>(t) * hd);
-        xmask[h] = xattn_select(qh.data(), kh.data(), a.T, hd, xp);
+        std::vector<float> qh(static_cast<size_t>(n_pos) * hd, 0.f);
+        std::vector<float> kh(static_cast<size_t>(n_pos) * hd);
+        std::vector<float> rows = head_rows(a.q, a.T, a.n_heads, h, hd);
+        std::copy(rows.begin(), rows.end(), qh.begin() + static_cast<size_t>(a.pos0) * hd);
+        for (int j = 0; j < n_pos; ++j) std::copy_n(a.kv[h / group].k(j), hd, kh.data() + static_cast<size_t>(j) * hd);
+        xmask[h] = xattn_select(qh.data(), kh.data(), n_pos, hd, xp);
       }
 
   auto keeps = [&](int h, int qb, int kb) {
