@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/json_file.h"
+
 #include "elastic/attention.h"
 
 namespace elastic {
@@ -52,16 +54,7 @@ void validate_sparse(const SparseSettings& s, const std::string& src) {
 }
 
 RoutingTable load_routing(const std::string& path, int n_layers, int n_kv_heads) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open routing file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    throw std::runtime_error(path + ": malformed JSON: " + e.what());
-  }
+  const json j = read_json_file(path, "routing file");
   RoutingTable r = RoutingTable::all_full(n_layers, n_kv_heads);
   try {
     r.sparse.block = j.value("block_size", 64);

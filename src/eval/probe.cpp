@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/json_file.h"
+
 namespace elastic {
 
 using nlohmann::json;
@@ -219,16 +221,7 @@ void save_head_scores(const HeadScores& s, const std::string& path) {
 }
 
 HeadScores load_head_scores(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open head scores file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    throw std::runtime_error(path + ": malformed JSON: " + e.what());
-  }
+  const json j = read_json_file(path, "head scores file");
   if (!j.is_object()) throw std::runtime_error(path + ": head scores must be a JSON object");
   auto get_int = [&](const char* key, int min) {
     if (!j.contains(key)) throw std::runtime_error(path + ": missing '" + key + "'");

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/json_file.h"
+
 namespace elastic {
 namespace {
 
@@ -121,17 +123,7 @@ ModelConfig parse_config(const json& j, const std::string& src) {
 }
 
 ModelConfig load_config(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open config file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    throw std::runtime_error(path + ": malformed JSON: " + e.what());
-  }
-  return parse_config(j, path);
+  return parse_config(read_json_file(path, "config file"), path);
 }
 
 }  // namespace elastic

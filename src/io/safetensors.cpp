@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/json_file.h"
+
 namespace elastic {
 
 namespace fs = std::filesystem;
@@ -137,15 +139,7 @@ SafeTensors SafeTensors::open(const std::string& path) {
   fs::path dir(path);
   fs::path index = dir / "model.safetensors.index.json";
   if (fs::exists(index)) {
-    std::ifstream f(index);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    json j;
-    try {
-      j = json::parse(ss.str());
-    } catch (const json::parse_error& e) {
-      throw std::runtime_error(index.string() + ": malformed JSON: " + e.what());
-    }
+    const json j = read_json_file(index.string(), "safetensors index");
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
       throw std::runtime_error(index.string() + ": missing 'weight_map'");
     std::set<std::string> shards;
