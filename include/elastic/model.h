@@ -47,6 +47,7 @@ struct Model {
   ModelConfig config;
   ModelWeights weights;
   RoutingTable routing;  // defaults to all-full
+  std::vector<float> rope_inv_freq;  // [hd/2], llama3 scaling applied; computed once at load
 
   static Model load(const std::string& model_dir);
 

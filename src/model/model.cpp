@@ -32,7 +32,7 @@ void rmsnorm_rows(const float* x, const float* w, float* y, int rows, int n, flo
 }
 
 // Inverse frequencies with optional llama3 scaling (same formulas as transformers' rope init).
-std::vector<float> rope_inv_freq(const ModelConfig& c) {
+std::vector<float> compute_rope_inv_freq(const ModelConfig& c) {
   const int half = c.head_dim / 2;
   std::vector<float> inv(half);
   for (int i = 0; i < half; ++i)
@@ -117,6 +117,7 @@ Model Model::load(const std::string& model_dir) {
   m.config = load_config((fs::path(model_dir) / "config.json").string());
   m.weights = load_weights(m.config, model_dir);
   m.routing = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
+  m.rope_inv_freq = compute_rope_inv_freq(m.config);
   return m;
 }
 
@@ -133,7 +134,7 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
     if (ids[t] < 0 || ids[t] >= V)
       throw std::runtime_error("token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
                                " is outside the vocabulary [0, " + std::to_string(V) + ")");
-  const std::vector<float> inv = rope_inv_freq(c);
+  const std::vector<float>& inv = rope_inv_freq;
 
   // Activation plan for this call: residual x, normed h, q/k/v, attention out, MLP gate/up.
   std::vector<float> x(static_cast<size_t>(T) * D), h(x.size()), q(static_cast<size_t>(T) * Hq * hd),
