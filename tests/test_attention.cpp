@@ -155,6 +155,18 @@ TEST(Attention, ChunkedXAttnEqualsUnchunkedOnBlockMultiples) {
   std::vector<HeadMode> modes{HeadMode::XAttn, HeadMode::Full};
   auto whole = c.run(modes, sp, c.T);
   for (int chunk : {64, 128}) EXPECT_LT(rel(c.run(modes, sp, chunk), whole), 1e-6) << "chunk " << chunk;
+  // Omega_ESR does not depend on how the prefill was split.
+  AttentionStats one, chunked, s_one, s_chunked;
+  c.run(modes, sp, c.T, &one);
+  c.run(modes, sp, 64, &chunked);
+  EXPECT_NEAR(one.esr(), chunked.esr(), 1e-12);
+  std::vector<HeadMode> streaming{HeadMode::Streaming, HeadMode::Full};
+  sp.sink = 64;
+  sp.local = 64;
+  c.run(streaming, sp, c.T, &s_one);
+  c.run(streaming, sp, 37, &s_chunked);  // blocks split across calls count once in total
+  EXPECT_GT(s_one.esr(), 0.0);
+  EXPECT_NEAR(s_one.esr(), s_chunked.esr(), 1e-12);
 }
 
 TEST(Attention, MetricsOnHandMadeCase) {

@@ -44,8 +44,7 @@ void validate_sparse(const SparseSettings& s, const std::string& source);
 // causal key blocks skipped (for Omega_ESR).
 struct AttentionStats {
   double pairs_done = 0, pairs_full = 0;
-  std::vector<double> blocks_skipped, blocks_causal;  // per KV head of the layer that `esr_layer` names
-  int esr_layer = -1;
+  std::vector<double> blocks_skipped, blocks_causal;  // per KV head of the last layer, weighted by rows done
   double flops_ratio() const { return pairs_full > 0 ? pairs_done / pairs_full : 1.0; }
   double esr() const;  // Omega_ESR: mean over heads of skipped / causal key blocks
 };
@@ -80,6 +79,7 @@ struct AttentionArgs {
   AttentionStats* stats = nullptr;  // optional
   bool track_esr = false;           // record per-head block skips into stats
   float* last_row_probs = nullptr;  // optional [Hq, pos0 + T]: softmax weights of the last query row (probing)
+  bool prefill = true;              // false for decode steps: XAttention heads then attend densely
 };
 
 // Causal softmax attention with fp32 accumulation; dispatches per KV head on its mode.

@@ -55,7 +55,9 @@ struct Model {
   // logits: [T, V] when all_logits, else [1, V] for the last position.
   // stats (optional) accumulates attention work and the last layer's block skips (Omega_ESR).
   void forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
-               AttentionStats* stats = nullptr, std::vector<std::vector<float>>* last_row_probs = nullptr) const;
+               AttentionStats* stats = nullptr, std::vector<std::vector<float>>* last_row_probs = nullptr,
+               bool prefill = false) const;
+  // A call with T > 1 or prefill = true is a prefill step (XAttention selects blocks); else a decode step.
   // Prefill in chunks of `chunk` tokens: the same result as one pass for full and streaming heads, and for
   // XAttention heads when `chunk` is a multiple of the block size.
   void prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::vector<float>& logits, bool all_logits,

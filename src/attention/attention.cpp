@@ -83,7 +83,7 @@ void attention_forward(const AttentionArgs& a) {
   // the selection depends only on its own queries and the keys before it, so a later chunk scores its rows against
   // the whole key prefix (earlier query rows zero, their selection unused) and matches an unchunked prefill.
   std::vector<BlockMask> xmask(a.n_heads);
-  if (a.pos0 % B == 0 && a.T > 1)
+  if (a.prefill && a.pos0 % B == 0)
     for (int h = 0; h < a.n_heads; ++h)
       if (a.modes[h / group] == HeadMode::XAttn) {
         XAttnParams xp = sp.xattn;
@@ -149,13 +149,17 @@ void attention_forward(const AttentionArgs& a) {
       st.blocks_skipped.assign(a.n_kv_heads, 0);
       st.blocks_causal.assign(a.n_kv_heads, 0);
     }
+    // A query block split across calls (chunks, decode steps) counts by the share of its rows done in this call.
     const int qb0 = a.pos0 / B, qb1 = (n_pos - 1) / B;
-    for (int h = 0; h < a.n_heads; ++h)
-      for (int qb = qb0; qb <= qb1 && qb < nb; ++qb)
+    for (int qb = qb0; qb <= qb1 && qb < nb; ++qb) {
+      const int rows = std::min(n_pos, (qb + 1) * B) - std::max(a.pos0, qb * B);
+      const double w = static_cast<double>(rows) / B / group;
+      for (int h = 0; h < a.n_heads; ++h)
         for (int kb = 0; kb <= qb; ++kb) {
-          st.blocks_causal[h / group] += 1.0 / group;
-          if (!keeps(h, qb, kb)) st.blocks_skipped[h / group] += 1.0 / group;
+          st.blocks_causal[h / group] += w;
+          if (!keeps(h, qb, kb)) st.blocks_skipped[h / group] += w;
         }
+    }
   }
 }
 

@@ -122,7 +122,7 @@ Model Model::load(const std::string& model_dir) {
 }
 
 void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
-                    AttentionStats* stats, std::vector<std::vector<float>>* last_row_probs) const {
+                    AttentionStats* stats, std::vector<std::vector<float>>* last_row_probs, bool prefill) const {
   const ModelConfig& c = config;
   const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, F = c.intermediate, V = c.vocab;
   const int pos0 = cache.length;
@@ -182,6 +182,7 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
     a.sparse = &routing.sparse;
     a.stats = stats;
     a.track_esr = stats && l == c.n_layers - 1;
+    a.prefill = prefill || T > 1;
     if (last_row_probs) {
       last_row_probs->resize(c.n_layers);
       (*last_row_probs)[l].assign(static_cast<size_t>(Hq) * (pos0 + T), 0.f);
@@ -228,7 +229,7 @@ void Model::prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::v
   if (all_logits) logits.clear();
   for (int t0 = 0; t0 < T; t0 += chunk) {
     const int n = std::min(chunk, T - t0);
-    forward(ids + t0, n, cache, part, all_logits, stats);
+    forward(ids + t0, n, cache, part, all_logits, stats, nullptr, true);
     if (all_logits) logits.insert(logits.end(), part.begin(), part.end());
   }
   if (!all_logits) logits.swap(part);
