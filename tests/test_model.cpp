@@ -111,6 +111,11 @@ TEST_P(Fixture, HybridCacheDecodesLikeFullCache) {
   EXPECT_EQ(hybrid, ref);
   EXPECT_LT(st.kv_bytes, full.bytes());
   EXPECT_LT(st.attn.flops_ratio(), 1.0);
+  // A hybrid cache used under a routing that makes a windowed head full is refused.
+  KVCache hc;
+  hc.init(m.config, prompt.size() + n_new, &m.routing);
+  m.routing = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
+  EXPECT_THROW(m.forward(prompt.data(), prompt.size(), hc, logits, false), std::runtime_error);
 }
 
 INSTANTIATE_TEST_SUITE_P(HF, Fixture, ::testing::Values("qwen3_tiny", "qwen3_tied", "llama_tiny"));

@@ -163,6 +163,11 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
       e.v_cache = cache.v[ci].data();
       e.sink_slots = cache.sink_slots[ci];
       e.ring_slots = cache.ring_slots[ci];
+      // A ring cache holds only a streaming head's window: any other mode would read overwritten keys.
+      if (e.ring_slots && routing.at(l, kh) != HeadMode::Streaming)
+        throw std::runtime_error("KV cache was built for another routing: layer " + std::to_string(l) + " KV head " +
+                                 std::to_string(kh) + " has a streaming window cache but is routed " +
+                                 head_mode_name(routing.at(l, kh)));
       e.k_new = k.data() + static_cast<size_t>(kh) * hd;
       e.v_new = v.data() + static_cast<size_t>(kh) * hd;
       e.new_stride = Hkv * hd;
