@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <stdexcept>
 #include <vector>
 
@@ -25,9 +24,10 @@ namespace {
 
 // One query row at absolute position p against the keys of the allowed blocks (token-causal inside them):
 // exact softmax (max-subtracted) in fp32. keep(kb) says whether key block kb is computed. Returns keys touched.
+// probs (optional, [p + 1], zeroed by the caller) receives the softmax weights, for probing.
 template <class Keep>
 int sparse_row(const float* q, const HeadKV& kv, int p, int hd, int B, float scale, const Keep& keep,
-               float* scores, float* out) {
+               float* scores, float* out, float* probs = nullptr) {
   const int qb = p / B;
   float mx = -INFINITY;
   int n = 0;
@@ -52,20 +52,16 @@ int sparse_row(const float* q, const HeadKV& kv, int p, int hd, int B, float sca
     for (int j = kb * B; j < j1; ++j) {
       const float e = std::exp(scores[j] - mx);
       sum += e;
+      if (probs) probs[j] = e;
       const float* vj = kv.v(j);
       for (int d = 0; d < hd; ++d) out[d] += e * vj[d];
     }
   }
   const float inv = 1.f / sum;
   for (int d = 0; d < hd; ++d) out[d] *= inv;
+  if (probs)
+    for (int j = 0; j <= p; ++j) probs[j] *= inv;
   return n;
-}
-
-// Gathers one query head's rows [T, hd] (contiguous) for XAttention scoring.
-std::vector<float> head_rows(const float* q, int T, int H, int h, int hd) {
-  std::vector<float> r(static_cast<size_t>(T) * hd);
-  for (int t = 0; t < T; ++t) std::copy_n(q + (static_cast<size_t>(t) * H + h) * hd, hd, r.data() + static_cast<size_t>(t) * hd);
-  return r;
 }
 
 }  // namespace
@@ -90,8 +86,8 @@ void attention_forward(const AttentionArgs& a) {
         xp.block = B;
         std::vector<float> qh(static_cast<size_t>(n_pos) * hd, 0.f);
         std::vector<float> kh(static_cast<size_t>(n_pos) * hd);
-        std::vector<float> rows = head_rows(a.q, a.T, a.n_heads, h, hd);
-        std::copy(rows.begin(), rows.end(), qh.begin() + static_cast<size_t>(a.pos0) * hd);
+        for (int t = 0; t < a.T; ++t)
+          std::copy_n(a.q + (static_cast<size_t>(t) * a.n_heads + h) * hd, hd, qh.data() + static_cast<size_t>(a.pos0 + t) * hd);
         for (int j = 0; j < n_pos; ++j) std::copy_n(a.kv[h / group].k(j), hd, kh.data() + static_cast<size_t>(j) * hd);
         xmask[h] = xattn_select(qh.data(), kh.data(), n_pos, hd, xp);
       }
@@ -105,6 +101,8 @@ void attention_forward(const AttentionArgs& a) {
     return true;
   };
 
+  // Softmax weights of the final query position per query head (zero where a block is skipped), for probing.
+  if (a.last_row_probs) std::fill(a.last_row_probs, a.last_row_probs + static_cast<size_t>(a.n_heads) * n_pos, 0.f);
   const int total = a.T * a.n_heads;
   double done = 0;
 #pragma omp parallel reduction(+ : done)
@@ -114,29 +112,9 @@ void attention_forward(const AttentionArgs& a) {
     for (int i = 0; i < total; ++i) {
       const int t = i / a.n_heads, h = i % a.n_heads, kvh = h / group, p = a.pos0 + t, qb = p / B;
       const size_t off = (static_cast<size_t>(t) * a.n_heads + h) * hd;
+      float* probs = (a.last_row_probs && t == a.T - 1) ? a.last_row_probs + static_cast<size_t>(h) * n_pos : nullptr;
       done += sparse_row(a.q + off, a.kv[kvh], p, hd, B, scale, [&](int kb) { return keeps(h, qb, kb); },
-                         scores.data(), a.out + off);
-    }
-  }
-  if (a.last_row_probs) {
-    // Attention weights of the final query position, per query head, zero where a block is skipped.
-    const int p = n_pos - 1, qb = p / B;
-    for (int h = 0; h < a.n_heads; ++h) {
-      float* w = a.last_row_probs + static_cast<size_t>(h) * n_pos;
-      const float* qr = a.q + (static_cast<size_t>(a.T - 1) * a.n_heads + h) * hd;
-      const HeadKV& kv = a.kv[h / group];
-      float mx = -INFINITY;
-      for (int j = 0; j < n_pos; ++j) {
-        if (!keeps(h, qb, j / B)) { w[j] = -INFINITY; continue; }
-        float s = 0.f;
-        const float* kj = kv.k(j);
-        for (int d = 0; d < hd; ++d) s += qr[d] * kj[d];
-        w[j] = s * scale;
-        mx = std::max(mx, w[j]);
-      }
-      float sum = 0.f;
-      for (int j = 0; j < n_pos; ++j) sum += (w[j] = std::isinf(w[j]) ? 0.f : std::exp(w[j] - mx));
-      for (int j = 0; j < n_pos; ++j) w[j] /= sum;
+                         scores.data(), a.out + off, probs);
     }
   }
   if (!a.stats) return;
