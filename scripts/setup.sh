@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake pkg-config libopenblas-dev nlohmann-json3-dev libpcre2-dev libcli11-dev libfmt-dev
-      libgtest-dev libbenchmark-dev)
+      libgtest-dev libbenchmark-dev libcpp-httplib-dev)
 if ! dpkg -s "${PKGS[@]}" >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq

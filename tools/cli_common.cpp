@@ -1,0 +1,55 @@
+#include "cli_common.h"
+
+#include <omp.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+namespace fs = std::filesystem;
+
+namespace elastic::cli {
+
+std::string ids_json(const std::vector<int32_t>& ids) {
+  std::string s = "[";
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s + "]";
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(path + ": cannot open");
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path) {
+  if (!override_path.empty()) return override_path;
+  fs::path p = fs::path(model_dir) / "tokenizer.json";
+  if (!fs::exists(p))
+    throw std::runtime_error(model_dir + ": no tokenizer.json in the model folder (pass --tokenizer or use --ids)");
+  return p.string();
+}
+
+void apply_routing(Model& m, const std::string& routing_file, const std::string& mode) {
+  if (!routing_file.empty() && !mode.empty()) throw std::runtime_error("give --routing or --mode, not both");
+  if (!routing_file.empty()) m.routing = load_routing(routing_file, m.config.n_layers, m.config.n_kv_heads);
+  else if (!mode.empty()) m.routing = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, parse_head_mode(mode));
+  const SparseSettings& s = m.routing.sparse;
+  // A routing file written for another model can ask for a window longer than this one's context.
+  if (!routing_file.empty() && m.routing.msr() > 0 && s.sink + s.local > m.config.max_positions)
+    throw std::runtime_error(routing_file + ": streaming sink + local (" + std::to_string(s.sink) + " + " +
+                             std::to_string(s.local) + ") exceeds the model's context " +
+                             std::to_string(m.config.max_positions) + " tokens");
+}
+
+void print_metrics(const RoutingTable& r, const AttentionStats& st) {
+  std::fprintf(stderr, "routing: Omega_MSR %.3f | Omega_ESR %.3f | attention FLOPs %.3f of full\n", r.msr(), st.esr(),
+               st.flops_ratio());
+}
+
+void set_threads(int t) {
+  if (t > 0) omp_set_num_threads(t);
+}
+
+}  // namespace elastic::cli

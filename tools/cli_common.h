@@ -1,0 +1,36 @@
+#pragma once
+// Shared pieces of the `elastic` subcommands. Each tools/cmd_*.cpp registers one subcommand with add_*_command and
+// hands back the function that runs it; tools/elastic.cpp only dispatches.
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "elastic/attention.h"
+#include "elastic/model.h"
+
+namespace elastic::cli {
+
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<void()> run;  // throws std::exception with a message naming the problem
+};
+using Commands = std::vector<Command>;
+
+void add_tokenize_command(CLI::App& app, Commands& cmds);
+void add_logits_command(CLI::App& app, Commands& cmds);
+void add_generate_command(CLI::App& app, Commands& cmds);
+void add_probe_command(CLI::App& app, Commands& cmds);
+void add_route_command(CLI::App& app, Commands& cmds);
+
+std::string ids_json(const std::vector<int32_t>& ids);
+std::string read_text_file(const std::string& path);
+// The tokenizer.json to use: the override when given, else the model folder's (throws when absent).
+std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path);
+// --routing FILE or --mode full|ssa|xattn (all heads one mode); sparse sizes from the file or the defaults.
+void apply_routing(Model& m, const std::string& routing_file, const std::string& mode);
+void print_metrics(const RoutingTable& r, const AttentionStats& st);
+void set_threads(int t);
+
+}  // namespace elastic::cli

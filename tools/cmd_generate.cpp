@@ -1,0 +1,75 @@
+// elastic generate: prefill a prompt and decode a continuation (llama.cpp-style flags).
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "cli_common.h"
+#include "elastic/generate.h"
+#include "elastic/npy.h"
+#include "elastic/tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace elastic::cli {
+
+void add_generate_command(CLI::App& app, Commands& cmds) {
+  struct Opts {
+    std::string model, prompt, ids, tok, routing, mode;
+    int n = 32, ctx = 0, threads = 0, topk = 0, chunk = kDefaultPrefillChunk;
+    float temp = 0.f, topp = 1.f;
+    uint64_t seed = 0;
+    bool print_ids = false, ignore_eos = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* sub = app.add_subcommand("generate", "Generate a continuation of a prompt");
+  sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
+  auto* opt_p = sub->add_option("-p,--prompt", o->prompt, "Prompt text");
+  auto* opt_ids = sub->add_option("--ids", o->ids, "Prompt as a 1-D int32 .npy of token ids");
+  opt_p->excludes(opt_ids);
+  sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's)");
+  sub->add_option("-n,--n-predict", o->n, "Tokens to generate")->check(CLI::NonNegativeNumber);
+  sub->add_option("-c,--ctx-size", o->ctx, "Context size (default: prompt + n)")->check(CLI::NonNegativeNumber);
+  sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  sub->add_option("--temp", o->temp, "Temperature (0 = greedy)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-k", o->topk, "Top-k (0 = off)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-p", o->topp, "Top-p (1 = off)")->check(CLI::Range(0.0f, 1.0f));
+  sub->add_option("--seed", o->seed, "Sampling seed");
+  sub->add_flag("--print-ids", o->print_ids, "Print the new ids as a JSON array instead of text");
+  sub->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
+  sub->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
+  sub->add_option("--routing", o->routing, "Routing JSON: mode per layer per KV head plus sparse settings");
+  sub->add_option("--mode", o->mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
+  cmds.push_back({sub, [o] {
+    set_threads(o->threads);
+    if (o->prompt.empty() && o->ids.empty()) throw std::runtime_error("generate: give -p TEXT or --ids IDS.npy");
+    Model m = Model::load(o->model);
+    apply_routing(m, o->routing, o->mode);
+    std::unique_ptr<Tokenizer> t;
+    std::vector<int32_t> prompt;
+    if (!o->ids.empty()) {
+      prompt = read_npy_ids(o->ids);
+    } else {
+      t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
+      prompt = t->encode(o->prompt);
+    }
+    if (!o->print_ids && !t && fs::exists(fs::path(o->model) / "tokenizer.json"))
+      t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
+    SamplerParams sp{o->temp, o->topk, o->topp, o->seed};
+    GenerateStats st;
+    auto stream = [&](int32_t id) {
+      if (!o->print_ids && t) std::cout << t->decode({id}) << std::flush;
+    };
+    std::vector<int32_t> out = generate(m, prompt, o->n, o->ctx, sp, !o->ignore_eos, &st, stream, o->chunk);
+    if (o->print_ids || !t) std::cout << ids_json(out);
+    std::cout << std::endl;
+    std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s) | decode: %d tokens in %.3f s (%.1f tok/s)\n",
+                 st.prompt_tokens, st.prefill_s, st.prompt_tokens / std::max(st.prefill_s, 1e-9), st.new_tokens,
+                 st.decode_s, st.new_tokens > 1 ? (st.new_tokens - 1) / std::max(st.decode_s, 1e-9) : 0.0);
+    print_metrics(m.routing, st.attn);
+    std::fprintf(stderr, "kv cache: %.2f MiB\n", st.kv_bytes / 1048576.0);
+  }});
+}
+
+}  // namespace elastic::cli

@@ -1,0 +1,56 @@
+// elastic probe: retrieval scores per (layer, KV head) from needle-in-a-haystack prompts, plus a heat map.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "cli_common.h"
+#include "elastic/heatmap_svg.h"
+#include "elastic/probe.h"
+#include "elastic/tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace elastic::cli {
+
+void add_probe_command(CLI::App& app, Commands& cmds) {
+  struct Opts { std::string model, hay, out = "heads.json", svg, tok; ProbeOptions po; int threads = 0; };
+  auto o = std::make_shared<Opts>();
+  auto* sub = app.add_subcommand("probe", "Measure retrieval scores per (layer, KV head) with needle-in-a-haystack prompts");
+  sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
+  sub->add_option("--haystack", o->hay, "Haystack text file (default: built-in filler)");
+  sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's; random ids when absent)");
+  sub->add_option("-c,--ctx-size", o->po.context, "Prompt length in tokens")->check(CLI::PositiveNumber);
+  sub->add_option("--depths", o->po.n_depths, "Needle depths")->check(CLI::PositiveNumber);
+  sub->add_option("--needles", o->po.n_needles_per_depth, "Prompts per depth")->check(CLI::PositiveNumber);
+  sub->add_option("--seed", o->po.seed, "Seed");
+  sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  sub->add_option("-o,--output", o->out, "Scores JSON");
+  sub->add_option("--svg", o->svg, "Heat map SVG (default: output with .svg)");
+  cmds.push_back({sub, [o] {
+    set_threads(o->threads);
+    o->po.haystack_file = o->hay;
+    Model m = Model::load(o->model);
+    std::unique_ptr<Tokenizer> t;
+    if (!o->tok.empty() || fs::exists(fs::path(o->model) / "tokenizer.json"))
+      t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
+    else
+      std::fprintf(stderr, "probe: no tokenizer.json in %s: using random token ids for haystack and needle\n",
+                   o->model.c_str());
+    auto t0 = std::chrono::steady_clock::now();
+    HeadScores hs = probe_retrieval_heads(m, t.get(), o->po, [&](int done, int total) {
+      double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      double rate = done / std::max(el, 1e-9);
+      std::fprintf(stderr, "\rprobe %d/%d prompts | %.2f prompts/s | eta %.0fs   ", done, total, rate,
+                   (total - done) / std::max(rate, 1e-9));
+    });
+    std::fprintf(stderr, "\n");
+    save_head_scores(hs, o->out);
+    std::string svg = o->svg.empty() ? fs::path(o->out).replace_extension(".svg").string() : o->svg;
+    write_heatmap_svg(svg, hs.score, hs.n_layers, hs.n_kv_heads, "Retrieval score per (layer, KV head)", "layer",
+                      "KV head");
+    std::fprintf(stderr, "wrote %s and %s (%d prompts)\n", o->out.c_str(), svg.c_str(), hs.prompts);
+  }});
+}
+
+}  // namespace elastic::cli
