@@ -56,13 +56,15 @@ struct Model {
   // stats (optional) accumulates attention work and the last layer's block skips (Omega_ESR).
   void forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
                AttentionStats* stats = nullptr, std::vector<std::vector<float>>* last_row_probs = nullptr,
-               bool prefill = false) const;
+               bool prefill = false, const RoutingTable* routing_override = nullptr) const;
   // A call with T > 1 or prefill = true is a prefill step (XAttention selects blocks); else a decode step.
   // Prefill in chunks of `chunk` tokens: the same result as one pass for full and streaming heads, and for
   // XAttention heads when `chunk` is a multiple of the block size.
   void prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::vector<float>& logits, bool all_logits,
-               AttentionStats* stats = nullptr) const;
+               AttentionStats* stats = nullptr, const RoutingTable* routing_override = nullptr) const;
   // last_row_probs (optional): per layer, [Hq, cache.length] attention weights of the last position (probing).
+  // routing_override (optional): route this call by another table than `routing` (per-request routing, e.g. a
+  // router's decision for this prompt); it must keep the layer/head counts.
 };
 
 }  // namespace elastic

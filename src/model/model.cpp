@@ -55,8 +55,15 @@ Model Model::load(const std::string& model_dir) {
 }
 
 void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
-                    AttentionStats* stats, std::vector<std::vector<float>>* last_row_probs, bool prefill) const {
+                    AttentionStats* stats, std::vector<std::vector<float>>* last_row_probs, bool prefill,
+                    const RoutingTable* routing_override) const {
   const ModelConfig& c = config;
+  const RoutingTable& routing = routing_override ? *routing_override : this->routing;
+  if (routing.n_layers != c.n_layers || routing.n_kv_heads != c.n_kv_heads ||
+      routing.mode.size() != static_cast<size_t>(c.n_layers) * c.n_kv_heads)
+    throw std::invalid_argument("forward: routing table is " + std::to_string(routing.n_layers) + " x " +
+                                std::to_string(routing.n_kv_heads) + ", the model has " + std::to_string(c.n_layers) +
+                                " layers x " + std::to_string(c.n_kv_heads) + " KV heads");
   const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, F = c.intermediate, V = c.vocab;
   const int pos0 = cache.length;
   if (T <= 0) throw std::invalid_argument("forward: no tokens");
@@ -161,13 +168,13 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
 namespace elastic {
 
 void Model::prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::vector<float>& logits, bool all_logits,
-                    AttentionStats* stats) const {
+                    AttentionStats* stats, const RoutingTable* routing_override) const {
   if (chunk <= 0) throw std::invalid_argument("prefill: chunk size must be positive");
   std::vector<float> part;
   if (all_logits) logits.clear();
   for (int t0 = 0; t0 < T; t0 += chunk) {
     const int n = std::min(chunk, T - t0);
-    forward(ids + t0, n, cache, part, all_logits, stats, nullptr, true);
+    forward(ids + t0, n, cache, part, all_logits, stats, nullptr, true, routing_override);
     if (all_logits) logits.insert(logits.end(), part.begin(), part.end());
   }
   if (!all_logits) logits.swap(part);
