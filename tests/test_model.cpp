@@ -111,11 +111,22 @@ TEST_P(Fixture, HybridCacheDecodesLikeFullCache) {
   EXPECT_EQ(hybrid, ref);
   EXPECT_LT(st.kv_bytes, full.bytes());
   EXPECT_LT(st.attn.flops_ratio(), 1.0);
-  // A hybrid cache used under a routing that makes a windowed head full is refused.
+  // The cache keeps the routing it was built for: decode follows it even after the model's routing changes.
   KVCache hc;
   hc.init(m.config, prompt.size() + n_new, &m.routing);
+  const RoutingTable built_for = m.routing;
   m.routing = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
-  EXPECT_THROW(m.forward(prompt.data(), prompt.size(), hc, logits, false), std::runtime_error);
+  std::vector<float> a, b;
+  m.forward(prompt.data(), prompt.size(), hc, a, false);
+  KVCache hc2;
+  hc2.init(m.config, prompt.size() + n_new, &built_for);
+  m.forward(prompt.data(), prompt.size(), hc2, b, false, nullptr, nullptr, false, &built_for);
+  EXPECT_EQ(a, b);
+  // A hybrid cache used under a routing that makes a windowed head full is refused.
+  KVCache hc3;
+  hc3.init(m.config, prompt.size() + n_new, &built_for);
+  EXPECT_THROW(m.forward(prompt.data(), prompt.size(), hc3, logits, false, nullptr, nullptr, false, &m.routing),
+               std::runtime_error);
 }
 
 INSTANTIATE_TEST_SUITE_P(HF, Fixture, ::testing::Values("qwen3_tiny", "qwen3_tied", "llama_tiny"));

@@ -91,4 +91,15 @@ void attention_forward(const AttentionArgs& a);
 // Which key blocks a streaming head keeps for query block qb (kb <= qb).
 bool streaming_keeps(int qb, int kb, const SparseSettings& s);
 
+// Whether a head of mode m computes key block kb for query block qb (kb <= qb). xmask: the head's XAttention
+// selection (nullptr or empty = dense, as in decode).
+inline bool block_kept(HeadMode m, const BlockMask* xmask, int qb, int kb, const SparseSettings& s) {
+  switch (m) {
+    case HeadMode::Full: return true;
+    case HeadMode::Streaming: return streaming_keeps(qb, kb, s);
+    case HeadMode::XAttn: return !xmask || xmask->n_blocks == 0 || xmask->at(qb, kb);
+  }
+  return true;
+}
+
 }  // namespace elastic

@@ -1,6 +1,7 @@
 #pragma once
 // Qwen3 / Llama decoder on the CPU: fp32 compute, OpenBLAS sgemm, OpenMP.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,18 +36,40 @@ ModelWeights load_weights(const ModelConfig& cfg, const std::string& model_dir);
 // Key/value cache: per layer, per KV head (index l * Hkv + h), [slots, hd] rows. `capacity` counts positions.
 // A full head has one slot per position. With a routing given, a streaming head keeps only its sink blocks plus a
 // ring of its local window (the hybrid cache), so memory falls with sparsity.
+// The routing the cache was built for travels with it, so decode steps keep the prompt's routing.
 struct KVCache {
   int n_layers = 0, n_kv_heads = 0, head_dim = 0, capacity = 0, length = 0;
   std::vector<std::vector<float>> k, v;
   std::vector<int> sink_slots, ring_slots;  // per head; ring 0 = one slot per position
+  RoutingTable routing;                     // empty (n_layers 0) = follow the model's routing
   void init(const ModelConfig& cfg, int capacity, const RoutingTable* hybrid = nullptr);
+  // Sizes nothing yet: a routed prefill allocates each layer once its router has decided (allocate_layer).
+  void init_deferred(const ModelConfig& cfg, int capacity);
+  // (Re)allocates layer l's heads for their modes: streaming heads get sink + window slots when that is smaller.
+  void allocate_layer(int layer, const HeadMode* modes, const SparseSettings& sparse);
   size_t bytes() const;
 };
+
+// Decides a layer's head modes from the prompt's boundary-pooled key states (after k_norm, before RoPE).
+// The trained router (include/elastic/router.h) is one.
+struct PromptRouter {
+  virtual ~PromptRouter() = default;
+  virtual int pool_first() const = 0;
+  virtual int pool_last() const = 0;
+  virtual const SparseSettings& sparse() const = 0;
+  // pooled [Hkv, hd] -> modes [Hkv]
+  virtual void decide(int layer, const float* pooled, HeadMode* modes) const = 0;
+};
+
+// Unique positions of the boundary pool: [0, min(first, P)) and [max(P - last, 0), P).
+std::vector<int> boundary_positions(int prompt_len, int first, int last);
 
 struct Model {
   ModelConfig config;
   ModelWeights weights;
   RoutingTable routing;  // defaults to all-full
+  // When set, a prefill into an empty cache routes the prompt layer by layer and stores the routing in the cache.
+  std::shared_ptr<const PromptRouter> router;
   std::vector<float> rope_inv_freq;  // [hd/2], llama3 scaling applied; computed once at load
 
   static Model load(const std::string& model_dir);
@@ -60,6 +83,9 @@ struct Model {
   // A call with T > 1 or prefill = true is a prefill step (XAttention selects blocks); else a decode step.
   // Prefill in chunks of `chunk` tokens: the same result as one pass for full and streaming heads, and for
   // XAttention heads when `chunk` is a multiple of the block size.
+  // With a router and an empty cache the prompt runs layer by layer (all chunks of layer l, then l + 1), so that
+  // layer l's router sees the whole prompt's keys before that layer's attention; the result equals the unrouted
+  // prefill under the routing it decided.
   void prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::vector<float>& logits, bool all_logits,
                AttentionStats* stats = nullptr, const RoutingTable* routing_override = nullptr) const;
   // last_row_probs (optional): per layer, [Hq, cache.length] attention weights of the last position (probing).

@@ -38,13 +38,25 @@ class SafeTensors {
   // Throws unless present with exactly `shape`; names file and tensor.
   const TensorView& require(const std::string& name, const std::vector<int64_t>& shape) const;
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  // The header's "__metadata__" string map (merged over shards).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
   SafeTensors() = default;
   void add_file(const std::string& path);
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
 };
+
+// Writes F32 tensors and a metadata map as one .safetensors file (tensors in the given order).
+struct F32Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+void write_safetensors_f32(const std::string& path, const std::vector<F32Tensor>& tensors,
+                           const std::map<std::string, std::string>& metadata = {});
 
 // Widen any supported dtype to fp32.
 void to_f32(const TensorView& t, float* dst);

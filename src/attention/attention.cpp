@@ -92,14 +92,7 @@ void attention_forward(const AttentionArgs& a) {
         xmask[h] = xattn_select(qh.data(), kh.data(), n_pos, hd, xp);
       }
 
-  auto keeps = [&](int h, int qb, int kb) {
-    switch (a.modes[h / group]) {
-      case HeadMode::Full: return true;
-      case HeadMode::Streaming: return streaming_keeps(qb, kb, sp);
-      case HeadMode::XAttn: return xmask[h].n_blocks == 0 || xmask[h].at(qb, kb);
-    }
-    return true;
-  };
+  auto keeps = [&](int h, int qb, int kb) { return block_kept(a.modes[h / group], &xmask[h], qb, kb, sp); };
 
   // Softmax weights of the final query position per query head (zero where a block is skipped), for probing.
   if (a.last_row_probs) std::fill(a.last_row_probs, a.last_row_probs + static_cast<size_t>(a.n_heads) * n_pos, 0.f);

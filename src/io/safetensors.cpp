@@ -88,7 +88,15 @@ void SafeTensors::add_file(const std::string& path) {
   const size_t data_size = size - 8 - hlen;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      // Safetensors metadata is a flat string -> string map; anything else is a malformed file.
+      if (!info.is_object()) throw std::runtime_error(path + ": __metadata__ is not a JSON object");
+      for (auto& [mk, mv] : info.items()) {
+        if (!mv.is_string()) throw std::runtime_error(path + ": __metadata__ value '" + mk + "' is not a string");
+        metadata_[mk] = mv.get<std::string>();
+      }
+      continue;
+    }
     auto where = path + ": tensor '" + name + "'";
     if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") || !info.contains("data_offsets"))
       throw std::runtime_error(where + ": needs dtype, shape and data_offsets");

@@ -8,39 +8,13 @@
 #include <stdexcept>
 
 namespace elastic {
-void KVCache::init(const ModelConfig& cfg, int cap, const RoutingTable* hybrid) {
-  n_layers = cfg.n_layers;
-  n_kv_heads = cfg.n_kv_heads;
-  head_dim = cfg.head_dim;
-  capacity = cap;
-  length = 0;
-  const size_t n = static_cast<size_t>(n_layers) * n_kv_heads;
-  k.assign(n, {});
-  v.assign(n, {});
-  sink_slots.assign(n, 0);
-  ring_slots.assign(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    int slots = cap;
-    if (hybrid && hybrid->mode[i] == HeadMode::Streaming) {
-      const SparseSettings& s = hybrid->sparse;
-      const int sink = (s.sink + s.block - 1) / s.block * s.block;
-      const int ring = std::max(1, (s.local + s.block - 1) / s.block) * s.block;
-      if (sink + ring < cap) {
-        sink_slots[i] = sink;
-        ring_slots[i] = ring;
-        slots = sink + ring;
-      }
-    }
-    k[i].assign(static_cast<size_t>(slots) * head_dim, 0.f);
-    v[i].assign(static_cast<size_t>(slots) * head_dim, 0.f);
-  }
-}
 
-size_t KVCache::bytes() const {
-  size_t b = 0;
-  for (auto& x : k) b += x.size() * sizeof(float);
-  for (auto& x : v) b += x.size() * sizeof(float);
-  return b;
+std::vector<int> boundary_positions(int P, int first, int last) {
+  std::vector<int> pos;
+  const int a = std::min(std::max(first, 0), P), b = std::max(P - std::max(last, 0), a);
+  for (int t = 0; t < a; ++t) pos.push_back(t);
+  for (int t = b; t < P; ++t) pos.push_back(t);
+  return pos;
 }
 
 Model Model::load(const std::string& model_dir) {
@@ -54,130 +28,216 @@ Model Model::load(const std::string& model_dir) {
   return m;
 }
 
-void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
-                    AttentionStats* stats, std::vector<std::vector<float>>* last_row_probs, bool prefill,
-                    const RoutingTable* routing_override) const {
-  const ModelConfig& c = config;
-  const RoutingTable& routing = routing_override ? *routing_override : this->routing;
-  if (routing.n_layers != c.n_layers || routing.n_kv_heads != c.n_kv_heads ||
-      routing.mode.size() != static_cast<size_t>(c.n_layers) * c.n_kv_heads)
-    throw std::invalid_argument("forward: routing table is " + std::to_string(routing.n_layers) + " x " +
-                                std::to_string(routing.n_kv_heads) + ", the model has " + std::to_string(c.n_layers) +
+
+namespace {
+
+// Activation plan of one call of T rows: normed h, q/k/v, attention out, projection out, MLP gate/up.
+struct Work {
+  std::vector<float> h, q, k, v, att, o, g, u;
+  std::vector<HeadKV> kv;
+  Work(const ModelConfig& c, int T)
+      : h(static_cast<size_t>(T) * c.hidden), q(static_cast<size_t>(T) * c.n_heads * c.head_dim),
+        k(static_cast<size_t>(T) * c.n_kv_heads * c.head_dim), v(k.size()), att(q.size()), o(h.size()),
+        g(static_cast<size_t>(T) * c.intermediate), u(g.size()), kv(c.n_kv_heads) {}
+};
+
+void check_routing_shape(const RoutingTable& r, const ModelConfig& c) {
+  if (r.n_layers != c.n_layers || r.n_kv_heads != c.n_kv_heads ||
+      r.mode.size() != static_cast<size_t>(c.n_layers) * c.n_kv_heads)
+    throw std::invalid_argument("forward: routing table is " + std::to_string(r.n_layers) + " x " +
+                                std::to_string(r.n_kv_heads) + ", the model has " + std::to_string(c.n_layers) +
                                 " layers x " + std::to_string(c.n_kv_heads) + " KV heads");
-  const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, F = c.intermediate, V = c.vocab;
-  const int pos0 = cache.length;
-  if (T <= 0) throw std::invalid_argument("forward: no tokens");
-  if (pos0 + T > cache.capacity)
-    throw std::runtime_error("context overflow: " + std::to_string(pos0 + T) + " tokens exceed the KV cache capacity " +
-                             std::to_string(cache.capacity) + " (raise -c)");
+}
+
+void check_ids(const int32_t* ids, int T, int V) {
   for (int t = 0; t < T; ++t)
     if (ids[t] < 0 || ids[t] >= V)
       throw std::runtime_error("token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
                                " is outside the vocabulary [0, " + std::to_string(V) + ")");
-  const std::vector<float>& inv = rope_inv_freq;
-
-  // Activation plan for this call: residual x, normed h, q/k/v, attention out, MLP gate/up.
-  std::vector<float> x(static_cast<size_t>(T) * D), h(x.size()), q(static_cast<size_t>(T) * Hq * hd),
-      k(static_cast<size_t>(T) * Hkv * hd), v(k.size()), att(q.size()), o(x.size()),
-      g(static_cast<size_t>(T) * F), u(g.size());
-  for (int t = 0; t < T; ++t)
-    std::copy_n(weights.embed.data() + static_cast<size_t>(ids[t]) * D, D, x.data() + static_cast<size_t>(t) * D);
-
-  std::vector<HeadKV> kv(Hkv);
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& L = weights.layers[l];
-    rmsnorm_rows(x.data(), L.attn_norm.data(), h.data(), T, D, c.rms_eps);
-    linear(h.data(), L.wq.data(), L.bq, q.data(), T, Hq * hd, D);
-    linear(h.data(), L.wk.data(), L.bk, k.data(), T, Hkv * hd, D);
-    linear(h.data(), L.wv.data(), L.bv, v.data(), T, Hkv * hd, D);
-    if (c.qk_norm) {
-      rmsnorm_rows(q.data(), L.q_norm.data(), q.data(), T * Hq, hd, c.rms_eps);
-      rmsnorm_rows(k.data(), L.k_norm.data(), k.data(), T * Hkv, hd, c.rms_eps);
-    }
-    apply_rope(q.data(), T, Hq, hd, pos0, inv);
-    apply_rope(k.data(), T, Hkv, hd, pos0, inv);
-    for (int kh = 0; kh < Hkv; ++kh) {
-      const size_t ci = static_cast<size_t>(l) * Hkv + kh;
-      HeadKV& e = kv[kh];
-      e.k_cache = cache.k[ci].data();
-      e.v_cache = cache.v[ci].data();
-      e.sink_slots = cache.sink_slots[ci];
-      e.ring_slots = cache.ring_slots[ci];
-      // A ring cache holds only a streaming head's window: any other mode would read overwritten keys.
-      if (e.ring_slots && routing.at(l, kh) != HeadMode::Streaming)
-        throw std::runtime_error("KV cache was built for another routing: layer " + std::to_string(l) + " KV head " +
-                                 std::to_string(kh) + " has a streaming window cache but is routed " +
-                                 head_mode_name(routing.at(l, kh)));
-      e.k_new = k.data() + static_cast<size_t>(kh) * hd;
-      e.v_new = v.data() + static_cast<size_t>(kh) * hd;
-      e.new_stride = Hkv * hd;
-      e.pos0 = pos0;
-      e.hd = hd;
-    }
-    AttentionArgs a;
-    a.q = q.data();
-    a.kv = kv.data();
-    a.out = att.data();
-    a.T = T;
-    a.pos0 = pos0;
-    a.n_heads = Hq;
-    a.n_kv_heads = Hkv;
-    a.head_dim = hd;
-    a.modes = routing.mode.data() + static_cast<size_t>(l) * Hkv;
-    a.sparse = &routing.sparse;
-    a.stats = stats;
-    a.track_esr = stats && l == c.n_layers - 1;
-    a.prefill = prefill || T > 1;
-    if (last_row_probs) {
-      last_row_probs->resize(c.n_layers);
-      (*last_row_probs)[l].assign(static_cast<size_t>(Hq) * (pos0 + T), 0.f);
-      a.last_row_probs = (*last_row_probs)[l].data();
-    }
-    attention_forward(a);
-    // Append this call's keys/values after attention (a streaming head's ring may reuse slots read above).
-    for (int kh = 0; kh < Hkv; ++kh) {
-      const size_t ci = static_cast<size_t>(l) * Hkv + kh;
-      for (int t = 0; t < T; ++t) {
-        const size_t slot = kv[kh].slot(pos0 + t);
-        std::copy_n(k.data() + (static_cast<size_t>(t) * Hkv + kh) * hd, hd, cache.k[ci].data() + slot * hd);
-        std::copy_n(v.data() + (static_cast<size_t>(t) * Hkv + kh) * hd, hd, cache.v[ci].data() + slot * hd);
-      }
-    }
-    linear(att.data(), L.wo.data(), {}, o.data(), T, D, Hq * hd);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-
-    rmsnorm_rows(x.data(), L.mlp_norm.data(), h.data(), T, D, c.rms_eps);
-    linear(h.data(), L.w_gate.data(), {}, g.data(), T, F, D);
-    linear(h.data(), L.w_up.data(), {}, u.data(), T, F, D);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SwiGLU
-    linear(g.data(), L.w_down.data(), {}, o.data(), T, D, F);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-  }
-  cache.length = pos0 + T;
-
-  const int rows = all_logits ? T : 1;
-  const float* xs = x.data() + static_cast<size_t>(all_logits ? 0 : T - 1) * D;
-  rmsnorm_rows(xs, weights.final_norm.data(), h.data(), rows, D, c.rms_eps);
-  logits.resize(static_cast<size_t>(rows) * V);
-  linear(h.data(), weights.head(), {}, logits.data(), rows, V, D);
 }
 
-}  // namespace elastic
+// q/k/v of T rows of the residual x [T, D] at layer l: projections, q/k norms; RoPE at positions pos0 + t
+// unless `rope` is false (the router reads keys before RoPE).
+void qkv(const Model& m, int l, const float* x, int T, int pos0, Work& w, bool rope) {
+  const ModelConfig& c = m.config;
+  const LayerWeights& L = m.weights.layers[l];
+  const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads;
+  rmsnorm_rows(x, L.attn_norm.data(), w.h.data(), T, D, c.rms_eps);
+  linear(w.h.data(), L.wq.data(), L.bq, w.q.data(), T, Hq * hd, D);
+  linear(w.h.data(), L.wk.data(), L.bk, w.k.data(), T, Hkv * hd, D);
+  linear(w.h.data(), L.wv.data(), L.bv, w.v.data(), T, Hkv * hd, D);
+  if (c.qk_norm) {
+    rmsnorm_rows(w.q.data(), L.q_norm.data(), w.q.data(), T * Hq, hd, c.rms_eps);
+    rmsnorm_rows(w.k.data(), L.k_norm.data(), w.k.data(), T * Hkv, hd, c.rms_eps);
+  }
+  if (rope) {
+    apply_rope(w.q.data(), T, Hq, hd, pos0, m.rope_inv_freq);
+    apply_rope(w.k.data(), T, Hkv, hd, pos0, m.rope_inv_freq);
+  }
+}
 
-namespace elastic {
+// One decoder layer over T rows at positions [pos0, pos0 + T): attention against cache + fresh rows, then appends
+// the fresh keys/values to the cache, then the MLP. x is updated in place.
+void layer_step(const Model& m, int l, float* x, int T, int pos0, KVCache& cache, const RoutingTable& routing,
+                Work& w, AttentionStats* stats, float* last_row_probs, bool prefill) {
+  const ModelConfig& c = m.config;
+  const LayerWeights& L = m.weights.layers[l];
+  const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, F = c.intermediate;
+  qkv(m, l, x, T, pos0, w, true);
+  for (int kh = 0; kh < Hkv; ++kh) {
+    const size_t ci = static_cast<size_t>(l) * Hkv + kh;
+    HeadKV& e = w.kv[kh];
+    e.k_cache = cache.k[ci].data();
+    e.v_cache = cache.v[ci].data();
+    e.sink_slots = cache.sink_slots[ci];
+    e.ring_slots = cache.ring_slots[ci];
+    // A ring cache holds only a streaming head's window: any other mode would read overwritten keys.
+    if (e.ring_slots && routing.at(l, kh) != HeadMode::Streaming)
+      throw std::runtime_error("KV cache was built for another routing: layer " + std::to_string(l) + " KV head " +
+                               std::to_string(kh) + " has a streaming window cache but is routed " +
+                               head_mode_name(routing.at(l, kh)));
+    e.k_new = w.k.data() + static_cast<size_t>(kh) * hd;
+    e.v_new = w.v.data() + static_cast<size_t>(kh) * hd;
+    e.new_stride = Hkv * hd;
+    e.pos0 = pos0;
+    e.hd = hd;
+  }
+  AttentionArgs a;
+  a.q = w.q.data();
+  a.kv = w.kv.data();
+  a.out = w.att.data();
+  a.T = T;
+  a.pos0 = pos0;
+  a.n_heads = Hq;
+  a.n_kv_heads = Hkv;
+  a.head_dim = hd;
+  a.modes = routing.mode.data() + static_cast<size_t>(l) * Hkv;
+  a.sparse = &routing.sparse;
+  a.stats = stats;
+  a.track_esr = stats && l == c.n_layers - 1;
+  a.prefill = prefill || T > 1;
+  a.last_row_probs = last_row_probs;
+  attention_forward(a);
+  // Append this call's keys/values after attention (a streaming head's ring may reuse slots read above).
+  for (int kh = 0; kh < Hkv; ++kh) {
+    const size_t ci = static_cast<size_t>(l) * Hkv + kh;
+    for (int t = 0; t < T; ++t) {
+      const size_t slot = w.kv[kh].slot(pos0 + t);
+      std::copy_n(w.k.data() + (static_cast<size_t>(t) * Hkv + kh) * hd, hd, cache.k[ci].data() + slot * hd);
+      std::copy_n(w.v.data() + (static_cast<size_t>(t) * Hkv + kh) * hd, hd, cache.v[ci].data() + slot * hd);
+    }
+  }
+  const size_t n = static_cast<size_t>(T) * D;
+  linear(w.att.data(), L.wo.data(), {}, w.o.data(), T, D, Hq * hd);
+  for (size_t i = 0; i < n; ++i) x[i] += w.o[i];
+
+  rmsnorm_rows(x, L.mlp_norm.data(), w.h.data(), T, D, c.rms_eps);
+  linear(w.h.data(), L.w_gate.data(), {}, w.g.data(), T, F, D);
+  linear(w.h.data(), L.w_up.data(), {}, w.u.data(), T, F, D);
+  const size_t nf = static_cast<size_t>(T) * F;
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < nf; ++i) w.g[i] = w.g[i] / (1.f + std::exp(-w.g[i])) * w.u[i];  // SwiGLU
+  linear(w.g.data(), L.w_down.data(), {}, w.o.data(), T, D, F);
+  for (size_t i = 0; i < n; ++i) x[i] += w.o[i];
+}
+
+void embed(const Model& m, const int32_t* ids, int T, float* x) {
+  const int D = m.config.hidden;
+  for (int t = 0; t < T; ++t)
+    std::copy_n(m.weights.embed.data() + static_cast<size_t>(ids[t]) * D, D, x + static_cast<size_t>(t) * D);
+}
+
+// Final norm and lm_head over the last row or all T rows of x.
+void head(const Model& m, const float* x, int T, bool all_logits, std::vector<float>& logits) {
+  const ModelConfig& c = m.config;
+  const int rows = all_logits ? T : 1, D = c.hidden;
+  const float* xs = x + static_cast<size_t>(all_logits ? 0 : T - 1) * D;
+  std::vector<float> h(static_cast<size_t>(rows) * D);
+  rmsnorm_rows(xs, m.weights.final_norm.data(), h.data(), rows, D, c.rms_eps);
+  logits.resize(static_cast<size_t>(rows) * c.vocab);
+  linear(h.data(), m.weights.head(), {}, logits.data(), rows, c.vocab, D);
+}
+
+void check_capacity(const KVCache& cache, int T) {
+  if (T <= 0) throw std::invalid_argument("forward: no tokens");
+  if (cache.length + T > cache.capacity)
+    throw std::runtime_error("context overflow: " + std::to_string(cache.length + T) +
+                             " tokens exceed the KV cache capacity " + std::to_string(cache.capacity) + " (raise -c)");
+}
+
+}  // namespace
+
+void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
+                    AttentionStats* stats, std::vector<std::vector<float>>* last_row_probs, bool prefill,
+                    const RoutingTable* routing_override) const {
+  const ModelConfig& c = config;
+  const RoutingTable& r = routing_override ? *routing_override : cache.routing.n_layers ? cache.routing : routing;
+  check_routing_shape(r, c);
+  check_capacity(cache, T);
+  check_ids(ids, T, c.vocab);
+  const int pos0 = cache.length;
+  std::vector<float> x(static_cast<size_t>(T) * c.hidden);
+  embed(*this, ids, T, x.data());
+  Work w(c, T);
+  for (int l = 0; l < c.n_layers; ++l) {
+    float* probs = nullptr;
+    if (last_row_probs) {
+      last_row_probs->resize(c.n_layers);
+      (*last_row_probs)[l].assign(static_cast<size_t>(c.n_heads) * (pos0 + T), 0.f);
+      probs = (*last_row_probs)[l].data();
+    }
+    layer_step(*this, l, x.data(), T, pos0, cache, r, w, stats, probs, prefill);
+  }
+  cache.length = pos0 + T;
+  head(*this, x.data(), T, all_logits, logits);
+}
 
 void Model::prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::vector<float>& logits, bool all_logits,
                     AttentionStats* stats, const RoutingTable* routing_override) const {
   if (chunk <= 0) throw std::invalid_argument("prefill: chunk size must be positive");
-  std::vector<float> part;
-  if (all_logits) logits.clear();
-  for (int t0 = 0; t0 < T; t0 += chunk) {
-    const int n = std::min(chunk, T - t0);
-    forward(ids + t0, n, cache, part, all_logits, stats, nullptr, true, routing_override);
-    if (all_logits) logits.insert(logits.end(), part.begin(), part.end());
+  if (!router || routing_override || cache.length > 0) {
+    std::vector<float> part;
+    if (all_logits) logits.clear();
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+      const int n = std::min(chunk, T - t0);
+      forward(ids + t0, n, cache, part, all_logits, stats, nullptr, true, routing_override);
+      if (all_logits) logits.insert(logits.end(), part.begin(), part.end());
+    }
+    if (!all_logits) logits.swap(part);
+    return;
   }
-  if (!all_logits) logits.swap(part);
+  // Routed prefill, layer-major: the residual stream of the whole prompt stays in memory, one chunk's activations
+  // at a time; layer l is routed from its boundary keys before any of its attention runs.
+  const ModelConfig& c = config;
+  check_capacity(cache, T);
+  check_ids(ids, T, c.vocab);
+  const int D = c.hidden, Hkv = c.n_kv_heads, hd = c.head_dim;
+  RoutingTable decided = RoutingTable::all_full(c.n_layers, Hkv);
+  decided.sparse = router->sparse();
+  std::vector<float> x(static_cast<size_t>(T) * D);
+  embed(*this, ids, T, x.data());
+  const std::vector<int> pos = boundary_positions(T, router->pool_first(), router->pool_last());
+  const int nb = static_cast<int>(pos.size());
+  std::vector<float> xb(static_cast<size_t>(nb) * D), pooled(static_cast<size_t>(Hkv) * hd);
+  Work wb(c, nb), w(c, std::min(chunk, T));
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (int i = 0; i < nb; ++i)
+      std::copy_n(x.data() + static_cast<size_t>(pos[i]) * D, D, xb.data() + static_cast<size_t>(i) * D);
+    qkv(*this, l, xb.data(), nb, 0, wb, false);
+    std::fill(pooled.begin(), pooled.end(), 0.f);
+    for (int i = 0; i < nb; ++i)
+      for (size_t j = 0; j < pooled.size(); ++j) pooled[j] += wb.k[static_cast<size_t>(i) * Hkv * hd + j] / nb;
+    HeadMode* modes = decided.mode.data() + static_cast<size_t>(l) * Hkv;
+    router->decide(l, pooled.data(), modes);
+    cache.allocate_layer(l, modes, decided.sparse);
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+      const int n = std::min(chunk, T - t0);
+      layer_step(*this, l, x.data() + static_cast<size_t>(t0) * D, n, t0, cache, decided, w, stats, nullptr, true);
+    }
+  }
+  cache.length = T;
+  cache.routing = decided;
+  head(*this, x.data(), T, all_logits, logits);
 }
 
 }  // namespace elastic

@@ -1,0 +1,54 @@
+#pragma once
+// The Elastic Attention router: per layer a small MLP (weights shared across the layer's KV heads) reads each KV
+// head's key states after k_norm and before RoPE, mean-pooled over the first and last tokens of the prompt, and
+// says FULL (class 1) or sparse. Routed once per prompt at prefill; the routing then stays fixed for decode and
+// sets each head's KV-cache capacity.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "elastic/attention.h"
+#include "elastic/config.h"
+#include "elastic/model.h"
+
+namespace elastic {
+
+struct RouterSpec {
+  int n_layers = 0, n_kv_heads = 0, head_dim = 0;
+  int pool_first = 100, pool_last = 100;  // boundary pooling window (tokens)
+  bool sigmoid = false;                   // 1-logit sigmoid gate instead of the 2-class softmax
+  HeadMode sparse_mode = HeadMode::Streaming;  // what a non-FULL head runs (FA-SSA or FA-XA)
+  SparseSettings sparse;
+  std::string base_model;                 // fingerprint of the backbone (model_fingerprint)
+  std::map<std::string, double> targets;  // target Omega per task class used in training (metadata)
+  int classes() const { return sigmoid ? 1 : 2; }
+};
+
+// "arch=qwen3 L=28 D=1024 Hq=16 Hkv=8 hd=128 V=151936": what a router must match.
+std::string model_fingerprint(const ModelConfig& c);
+
+class Router : public PromptRouter {
+ public:
+  RouterSpec spec;
+  std::vector<float> params;  // n_layers x layer_param_count(head_dim, classes), layout in src/router/router_mlp.h
+
+  // PyTorch-style default init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases, from the seed.
+  static Router init(const RouterSpec& spec, uint64_t seed);
+  // Safetensors file with metadata; refuses a router made for another model with a clear error.
+  static Router load(const std::string& path, const ModelConfig& model);
+  void save(const std::string& path) const;
+
+  size_t layer_size() const;
+  const float* layer(int l) const { return params.data() + layer_size() * l; }
+  float* layer(int l) { return params.data() + layer_size() * l; }
+  // logits [Hkv, classes] of one layer from pooled keys [Hkv, head_dim].
+  void logits(int layer, const float* pooled, float* out) const;
+
+  int pool_first() const override { return spec.pool_first; }
+  int pool_last() const override { return spec.pool_last; }
+  const SparseSettings& sparse() const override { return spec.sparse; }
+  void decide(int layer, const float* pooled, HeadMode* modes) const override;
+};
+
+}  // namespace elastic

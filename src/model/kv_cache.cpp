@@ -1,0 +1,57 @@
+// KV-cache sizing: one slot per position for full heads, sink + ring window for streaming heads (hybrid cache).
+#include <algorithm>
+
+#include "elastic/model.h"
+
+namespace elastic {
+
+void KVCache::init_deferred(const ModelConfig& cfg, int cap) {
+  n_layers = cfg.n_layers;
+  n_kv_heads = cfg.n_kv_heads;
+  head_dim = cfg.head_dim;
+  capacity = cap;
+  length = 0;
+  const size_t n = static_cast<size_t>(n_layers) * n_kv_heads;
+  k.assign(n, {});
+  v.assign(n, {});
+  sink_slots.assign(n, 0);
+  ring_slots.assign(n, 0);
+  routing = RoutingTable{};
+}
+
+void KVCache::allocate_layer(int layer, const HeadMode* modes, const SparseSettings& s) {
+  for (int h = 0; h < n_kv_heads; ++h) {
+    const size_t i = static_cast<size_t>(layer) * n_kv_heads + h;
+    int slots = capacity;
+    sink_slots[i] = ring_slots[i] = 0;
+    if (modes[h] == HeadMode::Streaming) {
+      const int sink = (s.sink + s.block - 1) / s.block * s.block;
+      const int ring = std::max(1, (s.local + s.block - 1) / s.block) * s.block;
+      if (sink + ring < capacity) {
+        sink_slots[i] = sink;
+        ring_slots[i] = ring;
+        slots = sink + ring;
+      }
+    }
+    k[i].assign(static_cast<size_t>(slots) * head_dim, 0.f);
+    v[i].assign(static_cast<size_t>(slots) * head_dim, 0.f);
+  }
+}
+
+void KVCache::init(const ModelConfig& cfg, int cap, const RoutingTable* hybrid) {
+  init_deferred(cfg, cap);
+  const std::vector<HeadMode> full(n_kv_heads, HeadMode::Full);
+  for (int l = 0; l < n_layers; ++l)
+    allocate_layer(l, hybrid ? hybrid->mode.data() + static_cast<size_t>(l) * n_kv_heads : full.data(),
+                   hybrid ? hybrid->sparse : SparseSettings{});
+  if (hybrid) routing = *hybrid;
+}
+
+size_t KVCache::bytes() const {
+  size_t b = 0;
+  for (auto& x : k) b += x.size() * sizeof(float);
+  for (auto& x : v) b += x.size() * sizeof(float);
+  return b;
+}
+
+}  // namespace elastic

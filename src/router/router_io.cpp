@@ -1,0 +1,134 @@
+// Router files: safetensors, one F32 tensor per linear per layer, and metadata describing what it routes.
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "elastic/router.h"
+#include "elastic/safetensors.h"
+#include "router/router_mlp.h"
+
+namespace elastic {
+namespace {
+
+constexpr const char* kFormat = "elastic-router";
+constexpr const char* kVersion = "1";
+
+// Tensor names and shapes of one layer, in parameter layout order.
+std::vector<std::pair<std::string, std::vector<int64_t>>> layer_tensors(int l, int d, int C) {
+  const std::string p = "layers." + std::to_string(l) + ".";
+  const int64_t d4 = 4 * d;
+  return {{p + "task.fc1.weight", {d4, d}}, {p + "task.fc1.bias", {d4}},   {p + "task.fc2.weight", {d, d4}},
+          {p + "task.fc2.bias", {d}},       {p + "router.fc1.weight", {d4, d}}, {p + "router.fc1.bias", {d4}},
+          {p + "router.fc2.weight", {d, d4}}, {p + "router.fc2.bias", {d}}, {p + "router.fc3.weight", {C, d}},
+          {p + "router.fc3.bias", {C}}};
+}
+
+int meta_int(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
+  auto it = m.find(key);
+  if (it == m.end()) throw std::runtime_error(path + ": router metadata lacks '" + key + "'");
+  try {
+    size_t used = 0;
+    int v = std::stoi(it->second, &used);
+    if (used != it->second.size()) throw std::invalid_argument("trailing");
+    return v;
+  } catch (const std::exception&) {
+    throw std::runtime_error(path + ": router metadata '" + key + "' is not an integer: '" + it->second + "'");
+  }
+}
+
+std::string meta_str(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
+  auto it = m.find(key);
+  if (it == m.end()) throw std::runtime_error(path + ": router metadata lacks '" + key + "'");
+  return it->second;
+}
+
+}  // namespace
+
+void Router::save(const std::string& path) const {
+  const int d = spec.head_dim, C = spec.classes();
+  std::vector<F32Tensor> ts;
+  for (int l = 0; l < spec.n_layers; ++l) {
+    const float* p = layer(l);
+    for (auto& [name, shape] : layer_tensors(l, d, C)) {
+      int64_t n = 1;
+      for (int64_t s : shape) n *= s;
+      ts.push_back({name, shape, std::vector<float>(p, p + n)});
+      p += n;
+    }
+  }
+  nlohmann::json targets(spec.targets);
+  nlohmann::json sparse = {{"block_size", spec.sparse.block}, {"sink", spec.sparse.sink}, {"local", spec.sparse.local},
+                           {"xattn", {{"stride", spec.sparse.xattn.stride}, {"tau", spec.sparse.xattn.tau}}}};
+  std::map<std::string, std::string> meta = {
+      {"format", kFormat},
+      {"version", kVersion},
+      {"base_model", spec.base_model},
+      {"n_layers", std::to_string(spec.n_layers)},
+      {"n_kv_heads", std::to_string(spec.n_kv_heads)},
+      {"head_dim", std::to_string(spec.head_dim)},
+      {"pool_first", std::to_string(spec.pool_first)},
+      {"pool_last", std::to_string(spec.pool_last)},
+      {"gate", spec.sigmoid ? "sigmoid" : "softmax"},
+      {"sparse_mode", head_mode_name(spec.sparse_mode)},
+      {"sparse", sparse.dump()},
+      {"targets", targets.dump()},
+  };
+  write_safetensors_f32(path, ts, meta);
+}
+
+Router Router::load(const std::string& path, const ModelConfig& model) {
+  SafeTensors st = SafeTensors::open(path);
+  const auto& m = st.metadata();
+  if (meta_str(m, "format", path) != kFormat)
+    throw std::runtime_error(path + ": not an Elastic router file (format '" + meta_str(m, "format", path) + "')");
+  if (meta_str(m, "version", path) != kVersion)
+    throw std::runtime_error(path + ": router file version " + meta_str(m, "version", path) + ", this build reads " +
+                             kVersion);
+  Router r;
+  RouterSpec& s = r.spec;
+  s.n_layers = meta_int(m, "n_layers", path);
+  s.n_kv_heads = meta_int(m, "n_kv_heads", path);
+  s.head_dim = meta_int(m, "head_dim", path);
+  s.pool_first = meta_int(m, "pool_first", path);
+  s.pool_last = meta_int(m, "pool_last", path);
+  s.base_model = meta_str(m, "base_model", path);
+  const std::string gate = meta_str(m, "gate", path);
+  if (gate != "softmax" && gate != "sigmoid") throw std::runtime_error(path + ": unknown router gate '" + gate + "'");
+  s.sigmoid = gate == "sigmoid";
+  try {
+    s.sparse_mode = parse_head_mode(meta_str(m, "sparse_mode", path));
+    auto sp = nlohmann::json::parse(meta_str(m, "sparse", path));
+    s.sparse.block = sp.at("block_size").get<int>();
+    s.sparse.sink = sp.at("sink").get<int>();
+    s.sparse.local = sp.at("local").get<int>();
+    s.sparse.xattn.stride = sp.at("xattn").at("stride").get<int>();
+    s.sparse.xattn.tau = sp.at("xattn").at("tau").get<float>();
+    s.sparse.xattn.block = s.sparse.block;
+    for (auto& [k, v] : nlohmann::json::parse(meta_str(m, "targets", path)).items()) s.targets[k] = v.get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(path + ": malformed router metadata: " + e.what());
+  }
+  if (s.sparse_mode == HeadMode::Full) throw std::runtime_error(path + ": router sparse_mode must be ssa or xattn");
+  validate_sparse(s.sparse, path);
+  // The router must match the backbone it routes.
+  if (s.n_layers != model.n_layers || s.n_kv_heads != model.n_kv_heads || s.head_dim != model.head_dim)
+    throw std::runtime_error(path + ": router is for " + std::to_string(s.n_layers) + " layers x " +
+                             std::to_string(s.n_kv_heads) + " KV heads x head_dim " + std::to_string(s.head_dim) +
+                             ", the model has " + std::to_string(model.n_layers) + " x " +
+                             std::to_string(model.n_kv_heads) + " x " + std::to_string(model.head_dim));
+  if (s.base_model != model_fingerprint(model))
+    throw std::runtime_error(path + ": router was trained for model '" + s.base_model + "', this model is '" +
+                             model_fingerprint(model) + "'");
+  r.params.resize(r.layer_size() * s.n_layers);
+  for (int l = 0; l < s.n_layers; ++l) {
+    float* p = r.layer(l);
+    for (auto& [name, shape] : layer_tensors(l, s.head_dim, s.classes())) {
+      const TensorView& t = st.require(name, shape);
+      to_f32(t, p);
+      p += t.numel();
+    }
+  }
+  return r;
+}
+
+}  // namespace elastic
