@@ -29,7 +29,7 @@ expect_fail "exactly one" $BIN tokenize --tokenizer $SRC/../shared/qwen3-tokeniz
 echo '{"layers": [["full","full"]]}' > $TMP/routing_bad.json
 expect_fail "has 1 layers, the model has 2" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --routing $TMP/routing_bad.json
 expect_fail "--mode" $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy --mode dense
-expect_fail "not both" $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy --mode ssa --routing $TMP/routing_bad.json
+expect_fail "give one of --routing, --mode and --router" $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy --mode ssa --routing $TMP/routing_bad.json
 expect_fail "--sparsity" $BIN route static --scores $TMP/none.json --sparsity 1.5
 expect_fail "none.json" $BIN route static --scores $TMP/none.json --sparsity 0.5
 expect_fail "model folder not found" $BIN probe -m $TMP/nope

@@ -1,5 +1,7 @@
 #include "cli_common.h"
 
+#include "elastic/router.h"
+
 #include <omp.h>
 
 #include <cstdio>
@@ -25,14 +27,25 @@ std::string read_text_file(const std::string& path) {
 
 std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path) {
   if (!override_path.empty()) return override_path;
+  if (is_gguf(model_dir)) return model_dir;  // a GGUF file carries its tokenizer
   fs::path p = fs::path(model_dir) / "tokenizer.json";
   if (!fs::exists(p))
     throw std::runtime_error(model_dir + ": no tokenizer.json in the model folder (pass --tokenizer or use --ids)");
   return p.string();
 }
 
-void apply_routing(Model& m, const std::string& routing_file, const std::string& mode) {
-  if (!routing_file.empty() && !mode.empty()) throw std::runtime_error("give --routing or --mode, not both");
+bool is_gguf(const std::string& model) {
+  return fs::is_regular_file(model) && fs::path(model).extension() == ".gguf";
+}
+
+bool has_tokenizer(const std::string& model, const std::string& override_path) {
+  return !override_path.empty() || is_gguf(model) || fs::exists(fs::path(model) / "tokenizer.json");
+}
+
+void apply_routing(Model& m, const std::string& routing_file, const std::string& mode, const std::string& router) {
+  if (!routing_file.empty() + !mode.empty() + !router.empty() > 1)
+    throw std::runtime_error("give one of --routing, --mode and --router");
+  if (!router.empty()) m.router = std::make_shared<Router>(Router::load(router, m.config));
   if (!routing_file.empty()) m.routing = load_routing(routing_file, m.config.n_layers, m.config.n_kv_heads);
   else if (!mode.empty()) m.routing = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, parse_head_mode(mode));
   const SparseSettings& s = m.routing.sparse;

@@ -23,13 +23,17 @@ void add_logits_command(CLI::App& app, Commands& cmds);
 void add_generate_command(CLI::App& app, Commands& cmds);
 void add_probe_command(CLI::App& app, Commands& cmds);
 void add_route_command(CLI::App& app, Commands& cmds);
+void add_train_router_command(CLI::App& app, Commands& cmds);
 
 std::string ids_json(const std::vector<int32_t>& ids);
 std::string read_text_file(const std::string& path);
 // The tokenizer.json to use: the override when given, else the model folder's (throws when absent).
 std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path);
-// --routing FILE or --mode full|ssa|xattn (all heads one mode); sparse sizes from the file or the defaults.
-void apply_routing(Model& m, const std::string& routing_file, const std::string& mode);
+bool is_gguf(const std::string& model);
+// Whether a tokenizer is at hand: an override, a GGUF file, or the folder's tokenizer.json.
+bool has_tokenizer(const std::string& model, const std::string& override_path);
+// --routing FILE, --mode full|ssa|xattn (all heads one mode) or --router R (routes each prompt); at most one.
+void apply_routing(Model& m, const std::string& routing_file, const std::string& mode, const std::string& router = "");
 void print_metrics(const RoutingTable& r, const AttentionStats& st);
 void set_threads(int t);
 

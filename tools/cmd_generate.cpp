@@ -16,7 +16,7 @@ namespace elastic::cli {
 
 void add_generate_command(CLI::App& app, Commands& cmds) {
   struct Opts {
-    std::string model, prompt, ids, tok, routing, mode;
+    std::string model, prompt, ids, tok, routing, mode, router;
     int n = 32, ctx = 0, threads = 0, topk = 0, chunk = kDefaultPrefillChunk;
     float temp = 0.f, topp = 1.f;
     uint64_t seed = 0;
@@ -41,11 +41,12 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
   sub->add_option("--routing", o->routing, "Routing JSON: mode per layer per KV head plus sparse settings");
   sub->add_option("--mode", o->mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
+  sub->add_option("--router", o->router, "Trained router (.safetensors): routes each prompt at prefill");
   cmds.push_back({sub, [o] {
     set_threads(o->threads);
     if (o->prompt.empty() && o->ids.empty()) throw std::runtime_error("generate: give -p TEXT or --ids IDS.npy");
     Model m = Model::load(o->model);
-    apply_routing(m, o->routing, o->mode);
+    apply_routing(m, o->routing, o->mode, o->router);
     std::unique_ptr<Tokenizer> t;
     std::vector<int32_t> prompt;
     if (!o->ids.empty()) {
@@ -54,7 +55,7 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
       t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
       prompt = t->encode(o->prompt);
     }
-    if (!o->print_ids && !t && fs::exists(fs::path(o->model) / "tokenizer.json"))
+    if (!o->print_ids && !t && has_tokenizer(o->model, o->tok))
       t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
     SamplerParams sp{o->temp, o->topk, o->topp, o->seed};
     GenerateStats st;
@@ -67,7 +68,7 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
     std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s) | decode: %d tokens in %.3f s (%.1f tok/s)\n",
                  st.prompt_tokens, st.prefill_s, st.prompt_tokens / std::max(st.prefill_s, 1e-9), st.new_tokens,
                  st.decode_s, st.new_tokens > 1 ? (st.new_tokens - 1) / std::max(st.decode_s, 1e-9) : 0.0);
-    print_metrics(m.routing, st.attn);
+    print_metrics(st.routing, st.attn);
     std::fprintf(stderr, "kv cache: %.2f MiB\n", st.kv_bytes / 1048576.0);
   }});
 }

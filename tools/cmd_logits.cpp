@@ -8,7 +8,7 @@
 namespace elastic::cli {
 
 void add_logits_command(CLI::App& app, Commands& cmds) {
-  struct Opts { std::string model, ids, out, routing, mode; int threads = 0, chunk = kDefaultPrefillChunk; };
+  struct Opts { std::string model, ids, out, routing, mode, router; int threads = 0, chunk = kDefaultPrefillChunk; };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("logits", "Write float32 logits [T, vocab] for int32 token ids");
   sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
@@ -18,18 +18,19 @@ void add_logits_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
   sub->add_option("--routing", o->routing, "Routing JSON: mode per layer per KV head plus sparse settings");
   sub->add_option("--mode", o->mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
+  sub->add_option("--router", o->router, "Trained router (.safetensors): routes each prompt at prefill");
   cmds.push_back({sub, [o] {
     set_threads(o->threads);
     std::vector<int32_t> ids = read_npy_ids(o->ids);
     if (ids.empty()) throw std::runtime_error(o->ids + ": no token ids");
     Model m = Model::load(o->model);
-    apply_routing(m, o->routing, o->mode);
+    apply_routing(m, o->routing, o->mode, o->router);
     KVCache cache;
     cache.init(m.config, static_cast<int>(ids.size()));
     std::vector<float> logits;
     AttentionStats st;
     m.prefill(ids.data(), static_cast<int>(ids.size()), o->chunk, cache, logits, true, &st);
-    print_metrics(m.routing, st);
+    print_metrics(cache.routing.n_layers ? cache.routing : m.routing, st);
     write_npy_f32(o->out, logits.data(), {static_cast<int64_t>(ids.size()), m.config.vocab});
   }});
 }

@@ -32,7 +32,7 @@ void add_probe_command(CLI::App& app, Commands& cmds) {
     o->po.haystack_file = o->hay;
     Model m = Model::load(o->model);
     std::unique_ptr<Tokenizer> t;
-    if (!o->tok.empty() || fs::exists(fs::path(o->model) / "tokenizer.json"))
+    if (has_tokenizer(o->model, o->tok))
       t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
     else
       std::fprintf(stderr, "probe: no tokenizer.json in %s: using random token ids for haystack and needle\n",

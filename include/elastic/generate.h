@@ -33,6 +33,7 @@ struct GenerateStats {
   double prefill_s = 0, decode_s = 0;
   size_t kv_bytes = 0;  // KV-cache memory (hybrid: follows the routing)
   AttentionStats attn;  // prefill + decode attention work, Omega_ESR of the last layer
+  RoutingTable routing;  // the routing this prompt ran under (the router's decision when the model has one)
 };
 
 // Prefills `prompt`, then emits up to n_new tokens (stops at an EOS id when stop_at_eos).

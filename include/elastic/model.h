@@ -72,7 +72,10 @@ struct Model {
   std::shared_ptr<const PromptRouter> router;
   std::vector<float> rope_inv_freq;  // [hd/2], llama3 scaling applied; computed once at load
 
+  // A Hugging Face folder (config.json + safetensors) or a .gguf file (dispatches to load_gguf).
   static Model load(const std::string& model_dir);
+  // GGUF v2/v3 (llama, qwen3): weights dequantized to fp32, llama.cpp's Q/K row permutation undone.
+  static Model load_gguf(const std::string& gguf_path);
 
   // Runs T tokens at positions [cache.length, cache.length + T) and appends them to the cache.
   // logits: [T, V] when all_logits, else [1, V] for the last position.

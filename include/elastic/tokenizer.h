@@ -1,17 +1,27 @@
 #pragma once
-// Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json (Qwen3, Llama-3).
+// Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json (Qwen3, Llama-3) or a GGUF file's
+// tokenizer.ggml.* metadata (model "gpt2").
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace elastic {
 
 class Tokenizer {
  public:
   // Throws std::runtime_error naming the file and the problem on malformed input.
+  // A file that starts with the GGUF magic is read with from_gguf.
   static Tokenizer from_file(const std::string& tokenizer_json_path);
+  // The same from an already parsed tokenizer.json; `source` names it in errors.
+  static Tokenizer from_json(const nlohmann::json& tokenizer_json, const std::string& source);
+  // From a GGUF file's tokenizer.ggml.{model,pre,tokens,merges,token_type} (tokenizer_gguf.cpp): control and
+  // user-defined tokens become added tokens; the pre-tokenizer name maps to its regexes (smollm, llama-bpe,
+  // qwen2, gpt2, ...); an unknown name or a non-BPE model throws.
+  static Tokenizer from_gguf(const std::string& gguf_path);
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

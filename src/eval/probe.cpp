@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/haystack.h"
 #include "elastic/json_file.h"
 
 namespace elastic {
@@ -17,82 +18,12 @@ using nlohmann::json;
 
 namespace {
 
-// splitmix64: portable, deterministic across standard libraries (unlike std::uniform_int_distribution).
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  uint64_t below(uint64_t n) { return next() % n; }
-  template <class T>
-  const T& pick(const std::vector<T>& v) { return v[below(v.size())]; }
-};
-
-const std::vector<std::string>& subjects() {
-  static const std::vector<std::string> v = {
-      "The old farmer", "A young painter", "The village council", "My neighbor", "The quiet student", "A traveling merchant",
-      "The city library", "Our small team", "The river guide", "A retired teacher", "The morning train", "The baker"};
-  return v;
-}
-const std::vector<std::string>& verbs() {
-  static const std::vector<std::string> v = {"walked past", "wrote about", "carefully repaired", "often visited",
-                                             "quietly admired", "described", "painted", "remembered", "planned around",
-                                             "talked about", "photographed", "measured"};
-  return v;
-}
-const std::vector<std::string>& objects() {
-  static const std::vector<std::string> v = {
-      "the wooden bridge", "a field of barley", "the stone tower", "the harbor at dawn", "a narrow mountain road",
-      "the market square", "an abandoned mill", "the northern forest", "a row of apple trees", "the lighthouse",
-      "the winter garden", "a broken clock"};
-  return v;
-}
-const std::vector<std::string>& tails() {
-  static const std::vector<std::string> v = {
-      "before the rain started", "during the long summer", "while the bells were ringing", "after the harvest",
-      "on a cold afternoon", "with great patience", "for the third time that year", "as the sun went down",
-      "without saying a word", "in the early spring"};
-  return v;
-}
-
-std::string filler_text(Rng& r, int sentences) {
-  std::string s;
-  for (int i = 0; i < sentences; ++i) {
-    if (!s.empty()) s += ' ';
-    s += r.pick(subjects()) + " " + r.pick(verbs()) + " " + r.pick(objects()) + " " + r.pick(tails()) + ".";
-    if (r.below(6) == 0) s += "\n";
-  }
-  return s;
-}
+// The probe's RNG and haystack live in haystack.cpp, shared with the long-context task generators.
+using Rng = SplitMix64;
 
 // Haystack token ids, exactly n long.
 std::vector<int32_t> haystack_tokens(const Tokenizer& tok, const ProbeOptions& o, int n) {
-  std::vector<int32_t> out;
-  if (!o.haystack_file.empty()) {
-    std::ifstream f(o.haystack_file, std::ios::binary);
-    if (!f) throw std::runtime_error(o.haystack_file + ": cannot open haystack file");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::string text = ss.str();
-    // Tokenizing a prefix is enough: ~16 bytes per token is generous for English text.
-    const size_t cap = static_cast<size_t>(n) * 16 + 1024;
-    if (text.size() > cap) text.resize(cap);
-    std::vector<int32_t> ids = tok.encode(text);
-    if (ids.empty()) throw std::runtime_error(o.haystack_file + ": haystack file yields no tokens");
-    while (static_cast<int>(out.size()) < n) out.insert(out.end(), ids.begin(), ids.end());
-  } else {
-    Rng r(o.seed ^ 0x5EEDF111E7ull);
-    while (static_cast<int>(out.size()) < n) {
-      std::vector<int32_t> ids = tok.encode((out.empty() ? "" : " ") + filler_text(r, 32));
-      out.insert(out.end(), ids.begin(), ids.end());
-    }
-  }
-  out.resize(n);
-  return out;
+  return haystack_token_ids(tok, o.haystack_file, n, o.seed ^ 0x5EEDF111E7ull);
 }
 
 double depth_of(int i, int n_depths) { return n_depths == 1 ? 0.5 : static_cast<double>(i) / (n_depths - 1); }

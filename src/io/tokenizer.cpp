@@ -555,6 +555,11 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer Tokenizer::from_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail(path, "cannot open file");
+  // A GGUF model file carries its tokenizer: `--tokenizer model.gguf` works like a tokenizer.json.
+  char magic[4] = {};
+  if (f.read(magic, 4) && std::string_view(magic, 4) == "GGUF") return from_gguf(path);
+  f.clear();
+  f.seekg(0);
   std::stringstream ss;
   ss << f.rdbuf();
   json j;
@@ -563,6 +568,10 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   } catch (const json::exception& e) {
     fail(path, std::string("invalid JSON: ") + e.what());
   }
+  return from_json(j, path);
+}
+
+Tokenizer Tokenizer::from_json(const json& j, const std::string& path) {
   if (!j.is_object()) fail(path, "top level must be a JSON object");
 
   auto impl = std::make_unique<Impl>();

@@ -18,7 +18,9 @@ std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt
     throw std::runtime_error("prompt has " + std::to_string(prompt.size()) + " tokens, more than the context " +
                              std::to_string(context));
   KVCache cache;
-  cache.init(m.config, std::min(context, need), &m.routing);  // hybrid: streaming heads keep sink + window
+  // Hybrid cache: streaming heads keep sink + window; with a router each layer is sized once it is routed.
+  if (m.router) cache.init_deferred(m.config, std::min(context, need));
+  else cache.init(m.config, std::min(context, need), &m.routing);
   Sampler sampler(sp);
   std::vector<float> logits;
   std::vector<int32_t> out;
@@ -41,6 +43,7 @@ std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt
     stats->prefill_s = std::chrono::duration<double>(t1 - t0).count();
     stats->decode_s = std::chrono::duration<double>(t2 - t1).count();
     stats->kv_bytes = cache.bytes();
+    stats->routing = cache.routing.n_layers ? cache.routing : m.routing;
   }
   return out;
 }

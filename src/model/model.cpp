@@ -19,6 +19,7 @@ std::vector<int> boundary_positions(int P, int first, int last) {
 
 Model Model::load(const std::string& model_dir) {
   namespace fs = std::filesystem;
+  if (model_dir.size() > 5 && model_dir.compare(model_dir.size() - 5, 5, ".gguf") == 0) return load_gguf(model_dir);
   if (!fs::is_directory(model_dir)) throw std::runtime_error(model_dir + ": model folder not found");
   Model m;
   m.config = load_config((fs::path(model_dir) / "config.json").string());

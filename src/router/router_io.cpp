@@ -104,11 +104,14 @@ Router Router::load(const std::string& path, const ModelConfig& model) {
     s.sparse.xattn.stride = sp.at("xattn").at("stride").get<int>();
     s.sparse.xattn.tau = sp.at("xattn").at("tau").get<float>();
     s.sparse.xattn.block = s.sparse.block;
-    for (auto& [k, v] : nlohmann::json::parse(meta_str(m, "targets", path)).items()) s.targets[k] = v.get<double>();
+    const nlohmann::json targets = nlohmann::json::parse(meta_str(m, "targets", path));
+    for (auto& [k, v] : targets.items()) s.targets[k] = v.get<double>();
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(path + ": malformed router metadata: " + e.what());
   }
   if (s.sparse_mode == HeadMode::Full) throw std::runtime_error(path + ": router sparse_mode must be ssa or xattn");
+  if (s.head_dim <= 0 || s.pool_first < 0 || s.pool_last < 0 || s.pool_first + s.pool_last == 0)
+    throw std::runtime_error(path + ": router metadata has a bad head_dim or pooling window");
   validate_sparse(s.sparse, path);
   // The router must match the backbone it routes.
   if (s.n_layers != model.n_layers || s.n_kv_heads != model.n_kv_heads || s.head_dim != model.head_dim)

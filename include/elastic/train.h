@@ -1,0 +1,80 @@
+#pragma once
+// Router training on the CPU: data (JSONL or the built-in task mix), the loop (Gumbel straight-through gates,
+// temperature annealing, LM loss + per-task-class Lagrangian with multipliers trained by gradient ascent), AdamW with
+// warmup + cosine decay, logs (a line per step, JSONL) and curve plots.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "elastic/model.h"
+#include "elastic/router.h"
+#include "elastic/tokenizer.h"
+
+namespace elastic {
+
+struct TrainExample {
+  std::string task_class;              // "qa", "retrieval", "summarization", "code", ... (a key of the targets)
+  std::vector<int32_t> input_ids;      // the prompt (the router pools its boundary)
+  std::vector<int32_t> output_ids;     // the answer: the loss is on these tokens only
+};
+
+// Target Omega per task class: sparsity-sensitive classes 0.7, robust ones 1.0.
+std::map<std::string, double> default_targets();
+
+struct DataReport {
+  int lines = 0, used = 0;
+  std::vector<std::string> problems;  // "FILE:LINE: what is wrong" per skipped line
+};
+
+// JSONL, one sample per line: {"task": T, "input": "...", "output": "..."} or with "input_ids"/"output_ids" arrays.
+// T is a task class of `targets`, or a task name mapped to one by `task_classes`. Bad lines are skipped and reported
+// (file and line number); throws when no line is usable, or when text needs a tokenizer and tok is null.
+std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokenizer* tok,
+                                           const std::map<std::string, double>& targets,
+                                           const std::map<std::string, std::string>& task_classes, DataReport* report);
+
+// The built-in mix, from the eval task generators: sensitive (needle retrieval, multi-key retrieval, QA over
+// documents) and robust (summary recap, passage continuation, code continuation) samples of `tokens` prompt tokens.
+std::vector<TrainExample> builtin_train_mix(const Tokenizer* tok, int32_t vocab, int n_samples, int tokens,
+                                            uint64_t seed, const std::string& haystack_file = "");
+
+// Fits input + output into max_len tokens: the answer stays whole (cut to max_len / 2 if longer), the input loses
+// tokens from its middle so both of its boundaries (what the router reads) stay.
+void fit_to_length(TrainExample& e, int max_len);
+
+struct TrainOptions {
+  int steps = 300, batch = 4, max_len = 4096;
+  double lr = 5e-4, multiplier_lr = 1e-3, warmup = 0.2;  // warmup fraction, then cosine decay to 0
+  double beta1 = 0.9, beta2 = 0.95, weight_decay = 0.1, clip = 5.0;
+  double tau_start = 1.5, tau_end = 1.0;
+  std::string tau_schedule = "cosine";  // "cosine" over the first tau_fraction of steps, or "exp": max(end, start*e^-r p)
+  double tau_fraction = 0.6, tau_rate = 0.6;
+  bool hard = true;                     // straight-through hard routing
+  RouterSpec spec;                      // shapes, pooling, gate variant, sparse mode and settings
+  std::map<std::string, double> targets = default_targets();
+  uint64_t seed = 0;
+  std::string log_jsonl;                // one JSON object per step (empty = none)
+};
+
+struct StepLog {
+  int step = 0;
+  double lm = 0, reg = 0, tau = 0, lr = 0, tok_per_s = 0, eta_s = 0;
+  std::map<std::string, double> msr;                         // mean Omega per class in this batch
+  std::map<std::string, std::pair<double, double>> lambdas;  // (l1, l2) per class
+};
+
+double tau_at(const TrainOptions& o, int step);  // step in [0, steps)
+double lr_at(const TrainOptions& o, int step, double base);
+
+// Trains a router for the frozen model; on_step sees every step's log (the CLI prints the line).
+Router train_router(const Model& m, const std::vector<TrainExample>& data, const TrainOptions& o,
+                    const std::function<void(const StepLog&)>& on_step = {});
+std::string format_step_line(const StepLog& s, int steps);
+
+// Writes the curves of a training log (lm loss, regularizer, Omega per class, tau) as SVG line charts:
+// <prefix>_loss.svg and <prefix>_sparsity.svg.
+void write_training_plots(const std::vector<StepLog>& logs, const std::string& prefix);
+
+}  // namespace elastic

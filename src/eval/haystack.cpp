@@ -1,0 +1,100 @@
+#include "elastic/haystack.h"
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace elastic {
+
+namespace {
+
+const std::vector<std::string>& subjects() {
+  static const std::vector<std::string> v = {
+      "The old farmer", "A young painter", "The village council", "My neighbor", "The quiet student", "A traveling merchant",
+      "The city library", "Our small team", "The river guide", "A retired teacher", "The morning train", "The baker"};
+  return v;
+}
+const std::vector<std::string>& verbs() {
+  static const std::vector<std::string> v = {"walked past", "wrote about", "carefully repaired", "often visited",
+                                             "quietly admired", "described", "painted", "remembered", "planned around",
+                                             "talked about", "photographed", "measured"};
+  return v;
+}
+const std::vector<std::string>& objects() {
+  static const std::vector<std::string> v = {
+      "the wooden bridge", "a field of barley", "the stone tower", "the harbor at dawn", "a narrow mountain road",
+      "the market square", "an abandoned mill", "the northern forest", "a row of apple trees", "the lighthouse",
+      "the winter garden", "a broken clock"};
+  return v;
+}
+const std::vector<std::string>& tails() {
+  static const std::vector<std::string> v = {
+      "before the rain started", "during the long summer", "while the bells were ringing", "after the harvest",
+      "on a cold afternoon", "with great patience", "for the third time that year", "as the sun went down",
+      "without saying a word", "in the early spring"};
+  return v;
+}
+
+// Repeats `ids` until n are collected, then cuts to exactly n.
+std::vector<int32_t> repeat_to(const std::vector<int32_t>& ids, int n) {
+  std::vector<int32_t> out;
+  out.reserve(n);
+  while (static_cast<int>(out.size()) < n) out.insert(out.end(), ids.begin(), ids.end());
+  out.resize(n);
+  return out;
+}
+
+}  // namespace
+
+std::string filler_text(SplitMix64& r, int sentences) {
+  std::string s;
+  for (int i = 0; i < sentences; ++i) {
+    if (!s.empty()) s += ' ';
+    s += r.pick(subjects()) + " " + r.pick(verbs()) + " " + r.pick(objects()) + " " + r.pick(tails()) + ".";
+    if (r.below(6) == 0) s += "\n";
+  }
+  return s;
+}
+
+const std::string& noise_text() {
+  static const std::string s = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+  return s;
+}
+
+std::string read_haystack_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(path + ": cannot open haystack file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string text = ss.str();
+  if (text.empty()) throw std::runtime_error(path + ": haystack file is empty");
+  return text;
+}
+
+std::vector<int32_t> haystack_token_ids(const Tokenizer& tok, const std::string& file, int n, uint64_t seed) {
+  if (n <= 0) return {};
+  if (!file.empty()) {
+    std::string text = read_haystack_file(file);
+    // Tokenizing a prefix is enough: ~16 bytes per token is generous for English text.
+    const size_t cap = static_cast<size_t>(n) * 16 + 1024;
+    if (text.size() > cap) text.resize(cap);
+    std::vector<int32_t> ids = tok.encode(text);
+    if (ids.empty()) throw std::runtime_error(file + ": haystack file yields no tokens");
+    return repeat_to(ids, n);
+  }
+  SplitMix64 r(seed);
+  std::vector<int32_t> out;
+  while (static_cast<int>(out.size()) < n) {
+    std::vector<int32_t> ids = tok.encode((out.empty() ? "" : " ") + filler_text(r, 32));
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
+  out.resize(n);
+  return out;
+}
+
+std::vector<int32_t> noise_token_ids(const Tokenizer& tok, int n) {
+  if (n <= 0) return {};
+  return repeat_to(tok.encode(noise_text()), n);
+}
+
+}  // namespace elastic

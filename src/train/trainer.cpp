@@ -1,0 +1,196 @@
+// The router training loop: per step a batch of samples, each run forward and backward through the frozen model with
+// the router's straight-through gates; LM loss + per-task-class Lagrangian; AdamW on the router, gradient ascent on
+// the multipliers; temperature and learning-rate schedules; a log line and a JSONL record per step.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "elastic/plot_svg.h"
+#include "elastic/train.h"
+#include "train/adamw.h"
+#include "train/router_step.h"
+
+namespace elastic {
+
+double tau_at(const TrainOptions& o, int step) {
+  const double p = o.steps > 1 ? static_cast<double>(step) / (o.steps - 1) : 1.0;
+  if (o.tau_schedule == "exp") return std::max(o.tau_end, o.tau_start * std::exp(-o.tau_rate * p));
+  if (o.tau_schedule != "cosine") throw std::invalid_argument("unknown temperature schedule '" + o.tau_schedule + "'");
+  if (p >= o.tau_fraction) return o.tau_end;
+  return o.tau_end + (o.tau_start - o.tau_end) * 0.5 * (1.0 + std::cos(M_PI * p / o.tau_fraction));
+}
+
+double lr_at(const TrainOptions& o, int step, double base) {
+  const int warm = static_cast<int>(std::ceil(o.warmup * o.steps));
+  if (step < warm) return base * (step + 1) / warm;
+  const double p = o.steps > warm ? static_cast<double>(step - warm) / (o.steps - warm) : 1.0;
+  return base * 0.5 * (1.0 + std::cos(M_PI * p));
+}
+
+std::string format_step_line(const StepLog& s, int steps) {
+  char buf[256];
+  std::string line = "step " + std::to_string(s.step) + "/" + std::to_string(steps);
+  std::snprintf(buf, sizeof buf, " | lm %.3f | reg %.3f |", s.lm, s.reg);
+  line += buf;
+  for (auto& [c, v] : s.msr) {
+    std::snprintf(buf, sizeof buf, " msr[%s] %.2f", c.c_str(), v);
+    line += buf;
+  }
+  const double eta = s.eta_s;
+  if (eta >= 120) std::snprintf(buf, sizeof buf, " | tau %.2f | %.0f tok/s | eta %.0fm", s.tau, s.tok_per_s, eta / 60);
+  else std::snprintf(buf, sizeof buf, " | tau %.2f | %.0f tok/s | eta %.0fs", s.tau, s.tok_per_s, eta);
+  return line + buf;
+}
+
+Router train_router(const Model& m, const std::vector<TrainExample>& data_in, const TrainOptions& o,
+                    const std::function<void(const StepLog&)>& on_step) {
+  if (data_in.empty()) throw std::invalid_argument("train-router: no training samples");
+  if (o.steps <= 0 || o.batch <= 0) throw std::invalid_argument("train-router: steps and batch must be positive");
+  const ModelConfig& c = m.config;
+  RouterSpec spec = o.spec;
+  spec.n_layers = c.n_layers;
+  spec.n_kv_heads = c.n_kv_heads;
+  spec.head_dim = c.head_dim;
+  spec.base_model = model_fingerprint(c);
+  spec.targets = o.targets;
+  if (spec.sparse_mode == HeadMode::Full) throw std::invalid_argument("train-router: the sparse mode must be ssa or xattn");
+  validate_sparse(spec.sparse, "train-router");
+  Router router = Router::init(spec, o.seed);
+
+  // Classes, their targets and the data fitted to the training length.
+  std::vector<std::string> classes;
+  std::vector<TrainExample> data = data_in;
+  std::vector<int> cls_of(data.size());
+  for (size_t i = 0; i < data.size(); ++i) {
+    auto t = o.targets.find(data[i].task_class);
+    if (t == o.targets.end()) throw std::invalid_argument("train-router: task class '" + data[i].task_class + "' has no target");
+    auto it = std::find(classes.begin(), classes.end(), data[i].task_class);
+    cls_of[i] = static_cast<int>(it - classes.begin());
+    if (it == classes.end()) classes.push_back(data[i].task_class);
+    fit_to_length(data[i], o.max_len);
+  }
+  const int K = static_cast<int>(classes.size());
+  std::vector<float> lambdas(2 * K, 0.f);  // (l1, l2) per class
+  train::AdamW opt{o.beta1, o.beta2, 1e-8, o.weight_decay, false};
+  train::AdamW opt_mult{o.beta1, o.beta2, 1e-8, 0.0, true};
+
+  std::ofstream jl;
+  if (!o.log_jsonl.empty()) {
+    jl.open(o.log_jsonl, std::ios::trunc);
+    if (!jl) throw std::runtime_error(o.log_jsonl + ": cannot write the training log");
+  }
+  std::mt19937_64 rng(o.seed ^ 0x9e3779b97f4a7c15ULL);
+  std::vector<size_t> order(data.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  size_t cursor = 0;
+  std::uniform_real_distribution<double> unif(1e-9, 1.0 - 1e-9);
+  const size_t P = router.params.size(), nh = static_cast<size_t>(c.n_layers) * c.n_kv_heads;
+  std::vector<float> grad_f(P);
+  std::vector<double> grad(P), noise(nh);
+  const auto t_start = std::chrono::steady_clock::now();
+  double tokens_done = 0;
+
+  for (int step = 0; step < o.steps; ++step) {
+    std::vector<size_t> batch;
+    for (int b = 0; b < o.batch; ++b) {
+      if (cursor == order.size()) {
+        std::shuffle(order.begin(), order.end(), rng);
+        cursor = 0;
+      }
+      batch.push_back(order[cursor++]);
+    }
+    std::vector<int> n_in_class(K, 0);
+    for (size_t i : batch) ++n_in_class[cls_of[i]];
+    const int present = static_cast<int>(std::count_if(n_in_class.begin(), n_in_class.end(), [](int n) { return n > 0; }));
+    StepLog log;
+    log.step = step + 1;
+    log.tau = tau_at(o, step);
+    log.lr = lr_at(o, step, o.lr);
+    std::fill(grad_f.begin(), grad_f.end(), 0.f);
+    std::vector<double> dlam(2 * K, 0.0), msr_sum(K, 0.0);
+    train::RouterStep<float> rs(m, router.spec, router.params.data());
+    for (size_t i : batch) {
+      const TrainExample& e = data[i];
+      const int k = cls_of[i];
+      train::TrainSample s;
+      s.ids = e.input_ids;
+      s.ids.insert(s.ids.end(), e.output_ids.begin(), e.output_ids.end());
+      s.prompt_len = static_cast<int>(e.input_ids.size());
+      s.task_class = k;
+      for (double& z : noise) {
+        const double u = unif(rng);
+        z = std::log(u) - std::log1p(-u);  // logistic = difference of two Gumbel draws
+      }
+      train::GateSettings g;
+      g.tau = log.tau;
+      g.hard = o.hard;
+      g.noise = &noise;
+      auto r = rs.forward(s, g);
+      const double omega = r.omega(), t = o.targets.at(e.task_class), dev = omega - t;
+      const double w = 1.0 / (n_in_class[k] * present);  // mean within the class, then across classes
+      const double l1 = lambdas[2 * k], l2 = lambdas[2 * k + 1];
+      log.reg += w * (l1 * dev + l2 * dev * dev);
+      dlam[2 * k] += w * dev;
+      dlam[2 * k + 1] += w * dev * dev;
+      log.lm += r.lm_loss / o.batch;
+      msr_sum[k] += omega / n_in_class[k];
+      rs.backward(1.f / o.batch, static_cast<float>(w * (l1 + 2 * l2 * dev)), grad_f.data());
+      tokens_done += s.ids.size();
+    }
+    for (size_t j = 0; j < P; ++j) grad[j] = grad_f[j];
+    train::clip_grad_norm(grad, o.clip);
+    opt.step(router.params.data(), grad.data(), P, log.lr);
+    opt_mult.step(lambdas.data(), dlam.data(), lambdas.size(), lr_at(o, step, o.multiplier_lr));
+
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    log.tok_per_s = tokens_done / std::max(el, 1e-9);
+    log.eta_s = el / (step + 1) * (o.steps - step - 1);
+    for (int k = 0; k < K; ++k) {
+      if (n_in_class[k]) log.msr[classes[k]] = msr_sum[k];
+      log.lambdas[classes[k]] = {lambdas[2 * k], lambdas[2 * k + 1]};
+    }
+    if (jl) {
+      nlohmann::json j = {{"step", log.step}, {"lm", log.lm},   {"reg", log.reg},
+                          {"tau", log.tau},   {"lr", log.lr},   {"tok_per_s", log.tok_per_s},
+                          {"msr", log.msr},   {"eta_s", log.eta_s}};
+      for (auto& [cl, lv] : log.lambdas) j["lambda"][cl] = {lv.first, lv.second};
+      jl << j.dump() << "\n" << std::flush;
+    }
+    if (on_step) on_step(log);
+  }
+  return router;
+}
+
+void write_training_plots(const std::vector<StepLog>& logs, const std::string& prefix) {
+  PlotSeries lm{"lm loss", {}, {}}, reg{"regularizer", {}, {}}, tau{"tau", {}, {}};
+  std::map<std::string, PlotSeries> msr;
+  for (const StepLog& s : logs) {
+    lm.x.push_back(s.step);
+    lm.y.push_back(s.lm);
+    reg.x.push_back(s.step);
+    reg.y.push_back(s.reg);
+    tau.x.push_back(s.step);
+    tau.y.push_back(s.tau);
+    for (auto& [c, v] : s.msr) {
+      PlotSeries& p = msr[c];
+      p.name = "Omega_MSR[" + c + "]";
+      p.x.push_back(s.step);
+      p.y.push_back(v);
+    }
+  }
+  write_line_chart_svg(prefix + "_loss.svg", "Router training: loss", "step", "value", {lm, reg, tau});
+  std::vector<PlotSeries> ms;
+  for (auto& [c, p] : msr) ms.push_back(p);
+  write_line_chart_svg(prefix + "_sparsity.svg", "Router training: model sparsity per task class", "step",
+                       "Omega_MSR", ms);
+}
+
+}  // namespace elastic

@@ -1,0 +1,296 @@
+// Router training: data loading and its errors, schedules, router files, routed prefill, and a tiny model where the
+// right routing is known (found by brute force) and the trained router must find it.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <random>
+
+#include "elastic/generate.h"
+#include "elastic/router.h"
+#include "elastic/train.h"
+#include "st_writer.h"
+#include "train/grad_ops.h"
+
+using namespace elastic;
+
+namespace {
+
+std::string fixture(const std::string& name = "qwen3_tiny") { return std::string(ELASTIC_FIXTURE_DIR) + "/" + name; }
+
+void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+RouterSpec spec_for(const Model& m) {
+  RouterSpec s;
+  s.n_layers = m.config.n_layers;
+  s.n_kv_heads = m.config.n_kv_heads;
+  s.head_dim = m.config.head_dim;
+  s.base_model = model_fingerprint(m.config);
+  s.pool_first = s.pool_last = 16;
+  s.sparse.sink = 0;
+  s.sparse.local = 64;  // one 64-token block: a sparse head sees only its own block
+  return s;
+}
+
+}  // namespace
+
+TEST(TrainData, JsonlBadLinesReportedWithFileAndLine) {
+  const std::string d = elastic::testing::temp_dir("train_data");
+  const std::string p = d + "/data.jsonl";
+  write_file(p,
+             "{\"task\": \"qa\", \"input_ids\": [1,2,3], \"output_ids\": [4]}\n"
+             "{\"task\": \"qa\", \"input_ids\": [1,2,3]\n"          // 2: malformed
+             "{\"input_ids\": [1], \"output_ids\": [2]}\n"          // 3: no task
+             "{\"task\": \"poetry\", \"input_ids\": [1], \"output_ids\": [2]}\n"  // 4: unknown class
+             "\n"
+             "{\"task\": \"code\", \"input_ids\": [1,\"x\"], \"output_ids\": [2]}\n"  // 6: bad id
+             "{\"task\": \"code\", \"input\": \"hi\", \"output\": \"there\"}\n"  // 7: text without a tokenizer
+             "{\"task\": \"niah\", \"input_ids\": [5,6], \"output_ids\": [7,8]}\n");  // 8: mapped task name
+  DataReport rep;
+  auto ex = load_train_jsonl(p, nullptr, default_targets(), {{"niah", "retrieval"}}, &rep);
+  ASSERT_EQ(ex.size(), 2u);
+  EXPECT_EQ(ex[1].task_class, "retrieval");
+  EXPECT_EQ(rep.lines, 7);
+  ASSERT_EQ(rep.problems.size(), 5u);
+  EXPECT_NE(rep.problems[0].find(p + ":2: malformed JSON"), std::string::npos) << rep.problems[0];
+  EXPECT_NE(rep.problems[1].find(":3: missing string field 'task'"), std::string::npos);
+  EXPECT_NE(rep.problems[2].find(":4: task 'poetry'"), std::string::npos);
+  EXPECT_NE(rep.problems[3].find(":6:"), std::string::npos);
+  EXPECT_NE(rep.problems[4].find(":7: text sample but the model has no tokenizer"), std::string::npos);
+  // All lines bad: the whole load fails, naming the file.
+  write_file(p, "nope\n{\"task\": 1}\n");
+  try {
+    load_train_jsonl(p, nullptr, default_targets(), {}, nullptr);
+    FAIL() << "expected a throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no usable training sample"), std::string::npos);
+  }
+  EXPECT_THROW(load_train_jsonl(d + "/missing.jsonl", nullptr, default_targets(), {}, nullptr), std::runtime_error);
+}
+
+TEST(TrainData, FitKeepsBoundariesAndAnswer) {
+  TrainExample e;
+  for (int i = 0; i < 100; ++i) e.input_ids.push_back(i);
+  e.output_ids = {1000, 1001, 1002};
+  fit_to_length(e, 23);
+  ASSERT_EQ(e.input_ids.size() + e.output_ids.size(), 23u);
+  EXPECT_EQ(e.output_ids.size(), 3u);
+  EXPECT_EQ(e.input_ids.front(), 0);
+  EXPECT_EQ(e.input_ids.back(), 99);
+}
+
+TEST(TrainData, BuiltinMixHasBothKinds) {
+  auto mix = builtin_train_mix(nullptr, 512, 12, 200, 3);
+  ASSERT_FALSE(mix.empty());
+  int sensitive = 0, robust = 0;
+  const auto t = default_targets();
+  for (auto& e : mix) {
+    ASSERT_TRUE(t.count(e.task_class)) << e.task_class;
+    EXPECT_FALSE(e.output_ids.empty());
+    (t.at(e.task_class) < 1.0 ? sensitive : robust)++;
+  }
+  EXPECT_GT(sensitive, 0);
+  EXPECT_GT(robust, 0);
+}
+
+TEST(TrainSchedule, TemperatureAndLearningRate) {
+  TrainOptions o;
+  o.steps = 101;
+  EXPECT_NEAR(tau_at(o, 0), 1.5, 1e-12);
+  EXPECT_NEAR(tau_at(o, 30), 1.25, 1e-12);  // half-way through the cosine's 60% of steps
+  EXPECT_NEAR(tau_at(o, 60), 1.0, 1e-12);
+  EXPECT_NEAR(tau_at(o, 100), 1.0, 1e-12);
+  o.tau_schedule = "exp";
+  EXPECT_NEAR(tau_at(o, 0), 1.5, 1e-12);
+  EXPECT_NEAR(tau_at(o, 50), 1.5 * std::exp(-0.3), 1e-12);
+  EXPECT_NEAR(tau_at(o, 100), 1.0, 1e-12);
+  o.tau_schedule = "linear";
+  EXPECT_THROW(tau_at(o, 3), std::invalid_argument);
+  o.steps = 100;  // 20 warmup steps, then cosine to 0
+  EXPECT_NEAR(lr_at(o, 0, 1.0), 0.05, 1e-12);
+  EXPECT_NEAR(lr_at(o, 19, 1.0), 1.0, 1e-12);
+  EXPECT_NEAR(lr_at(o, 20, 1.0), 1.0, 1e-12);
+  EXPECT_NEAR(lr_at(o, 60, 1.0), 0.5, 1e-12);
+  EXPECT_LT(lr_at(o, 99, 1.0), 0.01);
+}
+
+TEST(RouterFile, RoundTripAndMismatch) {
+  Model m = Model::load(fixture());
+  RouterSpec s = spec_for(m);
+  s.sigmoid = true;
+  s.sparse_mode = HeadMode::XAttn;
+  s.targets = {{"qa", 0.7}};
+  Router r = Router::init(s, 5);
+  const std::string d = elastic::testing::temp_dir("router_file");
+  r.save(d + "/r.safetensors");
+  Router back = Router::load(d + "/r.safetensors", m.config);
+  EXPECT_EQ(back.params, r.params);
+  EXPECT_TRUE(back.spec.sigmoid);
+  EXPECT_EQ(back.spec.sparse_mode, HeadMode::XAttn);
+  EXPECT_EQ(back.spec.sparse.local, 64);
+  EXPECT_EQ(back.spec.targets.at("qa"), 0.7);
+  // Another model's shape is refused with a clear error.
+  Model other = Model::load(fixture("llama_tiny"));
+  try {
+    Router::load(d + "/r.safetensors", other.config);
+    FAIL() << "expected a throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("router is for 2 layers x 2 KV heads x head_dim 32"), std::string::npos)
+        << e.what();
+  }
+  // Same shapes, other backbone: refused by the fingerprint.
+  ModelConfig c2 = m.config;
+  c2.vocab = 1024;
+  EXPECT_THROW(Router::load(d + "/r.safetensors", c2), std::runtime_error);
+  // A file that is not a router.
+  EXPECT_THROW(Router::load(fixture() + "/model.safetensors", m.config), std::runtime_error);
+}
+
+TEST(RouterInference, RoutedPrefillEqualsPrefillUnderItsRouting) {
+  Model m = Model::load(fixture());
+  RouterSpec s = spec_for(m);
+  auto r = std::make_shared<Router>(Router::init(s, 9));
+  // Bias the last layer so the decisions are mixed across heads.
+  std::vector<int32_t> prompt(100);
+  for (int i = 0; i < 100; ++i) prompt[i] = (i * 53 + 7) % m.config.vocab;
+  m.router = r;
+  KVCache rc;
+  rc.init_deferred(m.config, 120);
+  std::vector<float> routed, ref;
+  AttentionStats st;
+  m.prefill(prompt.data(), 100, 32, rc, routed, true, &st);
+  ASSERT_EQ(rc.routing.n_layers, m.config.n_layers);
+  // Same routing as a fixed table, unrouted, chunked the same way.
+  Model plain = Model::load(fixture());
+  KVCache pc;
+  pc.init(plain.config, 120, &rc.routing);
+  plain.prefill(prompt.data(), 100, 32, pc, ref, true);
+  ASSERT_EQ(routed.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(routed[i], ref[i], 1e-5f * (1 + std::abs(ref[i]))) << i;
+  EXPECT_EQ(rc.bytes(), pc.bytes());
+  // generate() with the router: decode follows the prompt's routing and reports it.
+  GenerateStats gs;
+  auto out = generate(m, prompt, 5, 0, SamplerParams{}, false, &gs);
+  EXPECT_EQ(out.size(), 5u);
+  EXPECT_EQ(gs.routing.mode, rc.routing.mode);
+}
+
+namespace {
+
+// Greedy continuation of `prompt` under a routing (n tokens).
+std::vector<int32_t> continuation(const Model& m, const std::vector<int32_t>& prompt, int n, const RoutingTable& r) {
+  KVCache c;
+  c.init(m.config, static_cast<int>(prompt.size()) + n, &r);
+  std::vector<float> lg;
+  m.forward(prompt.data(), static_cast<int>(prompt.size()), c, lg, false, nullptr, nullptr, true, &r);
+  std::vector<int32_t> out;
+  Sampler greedy(SamplerParams{});
+  for (int i = 0; i < n; ++i) {
+    out.push_back(greedy.sample(lg.data(), m.config.vocab));
+    if (i + 1 < n) m.forward(&out.back(), 1, c, lg, false, nullptr, nullptr, false, &r);
+  }
+  return out;
+}
+
+double answer_loss(const Model& m, const std::vector<TrainExample>& data, const RoutingTable& r) {
+  double total = 0;
+  for (const TrainExample& e : data) {
+    std::vector<int32_t> ids = e.input_ids;
+    ids.insert(ids.end(), e.output_ids.begin(), e.output_ids.end());
+    KVCache c;
+    c.init(m.config, static_cast<int>(ids.size()));
+    std::vector<float> lg;
+    m.forward(ids.data(), static_cast<int>(ids.size()), c, lg, true, nullptr, nullptr, true, &r);
+    for (size_t t = e.input_ids.size() - 1; t + 1 < ids.size(); ++t)
+      total += train::cross_entropy_row<float>(lg.data() + t * m.config.vocab, m.config.vocab, ids[t + 1], 1.f, nullptr);
+  }
+  return total / data.size();
+}
+
+}  // namespace
+
+// One head (layer 0, KV head 0) carries almost all of the attention output and reads far back; the other heads are
+// nearly silent. Sensitive samples (target Omega 0.75 = one head of four full) are answered by the full model, robust
+// ones (target 1.0) by the all-sparse model. The router must keep exactly the head that brute force finds best for
+// sensitive prompts, and route robust prompts all-sparse.
+TEST(TrainRouter, FindsTheKnownRouting) {
+  Model m = Model::load(fixture());
+  const ModelConfig& c = m.config;
+  const int hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
+  for (int l = 0; l < c.n_layers; ++l)
+    for (int h = 0; h < c.n_heads; ++h) {
+      const float f = (l == 0 && h / group == 0) ? 4.f : 0.1f;
+      for (int r = 0; r < c.hidden; ++r)
+        for (int d = 0; d < hd; ++d) m.weights.layers[l].wo[static_cast<size_t>(r) * c.n_heads * hd + h * hd + d] *= f;
+    }
+  RouterSpec spec = spec_for(m);
+  RoutingTable full = RoutingTable::all_full(c.n_layers, c.n_kv_heads), sparse = full;
+  for (auto& x : sparse.mode) x = HeadMode::Streaming;
+  full.sparse = sparse.sparse = spec.sparse;
+  std::mt19937_64 rng(21);
+  auto make = [&](const std::string& cls, int lo, int n) {
+    std::vector<TrainExample> v;
+    for (int i = 0; i < n; ++i) {
+      TrainExample e;
+      e.task_class = cls;
+      for (int t = 0; t < 100; ++t) e.input_ids.push_back(lo + static_cast<int>(rng() % 256));
+      e.output_ids = continuation(m, e.input_ids, 6, cls == "qa" ? full : sparse);
+      v.push_back(std::move(e));
+    }
+    return v;
+  };
+  auto qa = make("qa", 0, 24), code = make("code", 256, 24);
+  // Brute force over the routings with exactly one full head.
+  int best = -1;
+  double best_loss = 1e30;
+  for (size_t i = 0; i < sparse.mode.size(); ++i) {
+    RoutingTable r = sparse;
+    r.mode[i] = HeadMode::Full;
+    const double loss = answer_loss(m, qa, r);
+    if (loss < best_loss) best_loss = loss, best = static_cast<int>(i);
+  }
+  ASSERT_EQ(best, 0) << "the amplified head should be the one that matters";
+
+  std::vector<TrainExample> data = qa;
+  data.insert(data.end(), code.begin(), code.end());
+  TrainOptions o;
+  o.steps = 200;
+  o.batch = 4;
+  o.max_len = 128;
+  o.lr = 5e-3;  // a tiny model and few steps: larger than the paper's 5e-4
+  o.multiplier_lr = 3e-2;
+  o.spec = spec;
+  o.targets = {{"qa", 0.75}, {"code", 1.0}};
+  o.seed = 4;  // also passes with seeds 5 and 6
+  std::vector<StepLog> logs;
+  Router r = train_router(m, data, o, [&](const StepLog& s) { logs.push_back(s); });
+  ASSERT_EQ(logs.size(), 200u);
+  const std::string d = elastic::testing::temp_dir("train_router");
+  write_training_plots(logs, d + "/curves");
+  EXPECT_TRUE(std::ifstream(d + "/curves_sparsity.svg").good());
+
+  // Held-out prompts of each kind.
+  m.router = std::make_shared<Router>(r);
+  auto fresh_qa = make("qa", 0, 10), fresh_code = make("code", 256, 10);
+  int qa_right = 0;
+  double code_omega = 0;
+  for (auto& e : fresh_qa) {
+    KVCache kc;
+    kc.init_deferred(c, 100);
+    std::vector<float> lg;
+    m.prefill(e.input_ids.data(), 100, 100, kc, lg, false);
+    RoutingTable want = sparse;
+    want.mode[0] = HeadMode::Full;
+    qa_right += kc.routing.mode == want.mode;
+  }
+  for (auto& e : fresh_code) {
+    KVCache kc;
+    kc.init_deferred(c, 100);
+    std::vector<float> lg;
+    m.prefill(e.input_ids.data(), 100, 100, kc, lg, false);
+    code_omega += kc.routing.msr() / fresh_code.size();
+  }
+  EXPECT_GE(qa_right, 8) << "router keeps head (0, 0) full on sensitive prompts";
+  EXPECT_GE(code_omega, 0.9) << "router routes robust prompts sparse";
+}

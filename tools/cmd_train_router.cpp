@@ -1,0 +1,102 @@
+// elastic train-router: train the Elastic Attention router of a frozen model on task-labelled data.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "cli_common.h"
+#include "elastic/tokenizer.h"
+#include "elastic/train.h"
+
+namespace fs = std::filesystem;
+
+namespace elastic::cli {
+
+void add_train_router_command(CLI::App& app, Commands& cmds) {
+  struct Opts {
+    std::string model, tok, out = "router.safetensors", log = "train_log.jsonl", plots, sparse_mode = "ssa", haystack;
+    std::vector<std::string> data;
+    std::vector<std::string> targets;  // class=value overrides
+    int threads = 0, builtin_samples = 240, builtin_len = 0;
+    TrainOptions to;
+    bool sigmoid = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* sub = app.add_subcommand("train-router", "Train the router of a frozen model on task-labelled data");
+  sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
+  sub->add_option("--data", o->data, "JSONL training data (repeatable); default: the built-in task mix");
+  sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's; none = ids only)");
+  sub->add_option("--builtin-samples", o->builtin_samples, "Samples of the built-in mix")->check(CLI::PositiveNumber);
+  sub->add_option("--builtin-len", o->builtin_len, "Prompt tokens of built-in samples (default: max-len - 64)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--haystack", o->haystack, "Text file for the built-in tasks' haystacks");
+  sub->add_option("--steps", o->to.steps, "Optimizer steps")->check(CLI::PositiveNumber);
+  sub->add_option("--batch", o->to.batch, "Samples per step")->check(CLI::PositiveNumber);
+  sub->add_option("--max-len", o->to.max_len, "Tokens per training sequence")->check(CLI::Range(16, 1 << 20));
+  sub->add_option("--lr", o->to.lr, "Router learning rate")->check(CLI::PositiveNumber);
+  sub->add_option("--multiplier-lr", o->to.multiplier_lr, "Lagrange multiplier learning rate")->check(CLI::PositiveNumber);
+  sub->add_option("--warmup", o->to.warmup, "Warmup fraction of the steps")->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--tau-schedule", o->to.tau_schedule, "Temperature schedule")->check(CLI::IsMember({"cosine", "exp"}));
+  sub->add_option("--target", o->targets, "Target Omega of a task class, e.g. qa=0.7 (repeatable)");
+  sub->add_flag("--sigmoid", o->sigmoid, "Gumbel-sigmoid gate (1 logit) instead of the 2-class softmax");
+  sub->add_option("--sparse-mode", o->sparse_mode, "What sparse heads run")->check(CLI::IsMember({"ssa", "xattn"}));
+  sub->add_option("--block", o->to.spec.sparse.block, "Sparse block size (64 or 128)");
+  sub->add_option("--sink", o->to.spec.sparse.sink, "Streaming sink tokens");
+  sub->add_option("--local", o->to.spec.sparse.local, "Streaming local window tokens");
+  sub->add_option("--pool", o->to.spec.pool_first, "Boundary pooling: first and last N prompt tokens")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--seed", o->to.seed, "Seed (init, data order, gate noise)");
+  sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  sub->add_option("-o,--output", o->out, "Router file (.safetensors)");
+  sub->add_option("--log", o->log, "Per-step JSONL log");
+  sub->add_option("--plots", o->plots, "Plot prefix (default: the log path without extension)");
+  cmds.push_back({sub, [o] {
+    set_threads(o->threads);
+    TrainOptions to = o->to;
+    to.spec.pool_last = to.spec.pool_first;
+    to.spec.sigmoid = o->sigmoid;
+    to.spec.sparse_mode = parse_head_mode(o->sparse_mode);
+    to.spec.sparse.xattn.block = to.spec.sparse.block;
+    to.log_jsonl = o->log;
+    for (const std::string& kv : o->targets) {
+      const size_t eq = kv.find('=');
+      if (eq == std::string::npos) throw std::runtime_error("--target '" + kv + "': expected CLASS=VALUE");
+      double v;
+      try {
+        v = std::stod(kv.substr(eq + 1));
+      } catch (const std::exception&) {
+        throw std::runtime_error("--target '" + kv + "': the value is not a number");
+      }
+      if (v < 0 || v > 1) throw std::runtime_error("--target '" + kv + "': the value must be in [0, 1]");
+      to.targets[kv.substr(0, eq)] = v;
+    }
+    Model m = Model::load(o->model);
+    std::unique_ptr<Tokenizer> tok;
+    if (has_tokenizer(o->model, o->tok))
+      tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
+    std::vector<TrainExample> data;
+    if (o->data.empty()) {
+      const int len = o->builtin_len > 0 ? o->builtin_len : std::max(16, to.max_len - 64);
+      std::fprintf(stderr, "train-router: built-in mix, %d samples of %d prompt tokens%s\n", o->builtin_samples, len,
+                   tok ? "" : " (random-id mode: the model has no tokenizer)");
+      data = builtin_train_mix(tok.get(), m.config.vocab, o->builtin_samples, len, to.seed, o->haystack);
+    }
+    for (const std::string& path : o->data) {
+      DataReport rep;
+      auto part = load_train_jsonl(path, tok.get(), to.targets, {}, &rep);
+      for (const std::string& p : rep.problems) std::fprintf(stderr, "warning: skipped %s\n", p.c_str());
+      std::fprintf(stderr, "train-router: %s: %d of %d lines used\n", path.c_str(), rep.used, rep.lines);
+      data.insert(data.end(), part.begin(), part.end());
+    }
+    std::vector<StepLog> logs;
+    Router r = train_router(m, data, to, [&](const StepLog& s) {
+      logs.push_back(s);
+      std::fprintf(stderr, "%s\n", format_step_line(s, to.steps).c_str());
+    });
+    r.save(o->out);
+    const std::string prefix = o->plots.empty() ? fs::path(o->log).replace_extension("").string() : o->plots;
+    write_training_plots(logs, prefix);
+    std::fprintf(stderr, "wrote %s, %s and %s_{loss,sparsity}.svg\n", o->out.c_str(), o->log.c_str(), prefix.c_str());
+  }});
+}
+
+}  // namespace elastic::cli
