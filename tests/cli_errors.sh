@@ -40,6 +40,18 @@ $BIN probe -m $FX/qwen3_tiny -c 80 --depths 3 -o $TMP/heads.json >/dev/null 2>&1
 $BIN route static --scores $TMP/heads.json --sparsity 0.5 --sink 0 --local 64 -o $TMP/r.json >/dev/null 2>&1 || { echo "FAIL: route static"; fails=$((fails+1)); }
 $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy --routing $TMP/r.json >/dev/null 2>&1 || { echo "FAIL: logits --routing"; fails=$((fails+1)); }
 $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 4 --print-ids >/dev/null 2>&1 || { echo "FAIL: generate"; fails=$((fails+1)); }
+# train-router end to end (tiny), then its router on the wrong model and bad training inputs.
+TR="$BIN train-router -m $FX/qwen3_tiny --steps 2 --batch 2 --max-len 256 --builtin-len 200 --builtin-samples 4 --local 64 --sink 0 --pool 16"
+$TR -o $TMP/router.safetensors --log $TMP/train.jsonl >/dev/null 2>&1 || { echo "FAIL: train-router"; fails=$((fails+1)); }
+[ -s $TMP/train_sparsity.svg ] && [ "$(wc -l < $TMP/train.jsonl)" -eq 2 ] || { echo "FAIL: train-router log/plots"; fails=$((fails+1)); }
+$BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --router $TMP/router.safetensors >/dev/null 2>&1 || { echo "FAIL: generate --router"; fails=$((fails+1)); }
+expect_fail "router is for 2 layers x 2 KV heads x head_dim 32" $BIN generate -m $FX/llama_tiny --ids $FX/llama_tiny/ids.npy -n 2 --router $TMP/router.safetensors
+expect_fail "not an Elastic router file" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --router $FX/qwen3_tiny/model.safetensors
+expect_fail "--target 'qa': expected CLASS=VALUE" $TR --target qa -o $TMP/x.safetensors --log $TMP/x.jsonl
+expect_fail "--target 'qa=2': the value must be in [0, 1]" $TR --target qa=2 -o $TMP/x.safetensors --log $TMP/x.jsonl
+printf 'not json\n{"task": "qa"}\n' > $TMP/bad.jsonl
+expect_fail "bad.jsonl: no usable training sample in 2 lines" $TR --data $TMP/bad.jsonl -o $TMP/x.safetensors --log $TMP/x.jsonl
+expect_fail "give one of --routing, --mode and --router" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --mode ssa --router $TMP/router.safetensors
 rm -rf $TMP
 [ $fails -eq 0 ] && echo "all CLI error cases passed"
 exit $fails
