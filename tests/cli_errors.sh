@@ -52,6 +52,9 @@ expect_fail "--target 'qa=2': the value must be in [0, 1]" $TR --target qa=2 -o 
 printf 'not json\n{"task": "qa"}\n' > $TMP/bad.jsonl
 expect_fail "bad.jsonl: no usable training sample in 2 lines" $TR --data $TMP/bad.jsonl -o $TMP/x.safetensors --log $TMP/x.jsonl
 expect_fail "give one of --routing, --mode and --router" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --mode ssa --router $TMP/router.safetensors
+expect_fail "unknown suite" $BIN eval -m $FX/qwen3_tiny --suite longbench -o $TMP/ev
+expect_fail "bad entry '4q'" $BIN eval -m $FX/qwen3_tiny --lengths 4q -o $TMP/ev
+expect_fail "exceeds the model's 128-token context" $BIN eval -m $FX/qwen3_tiny --lengths 4k -o $TMP/ev
 rm -rf $TMP
 [ $fails -eq 0 ] && echo "all CLI error cases passed"
 exit $fails

@@ -56,6 +56,13 @@ void apply_routing(Model& m, const std::string& routing_file, const std::string&
                              std::to_string(m.config.max_positions) + " tokens");
 }
 
+void add_routing_options(CLI::App* sub, std::string& routing, std::string& mode, std::string& router, int& chunk) {
+  sub->add_option("--chunk", chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
+  sub->add_option("--routing", routing, "Routing JSON: mode per layer per KV head plus sparse settings");
+  sub->add_option("--mode", mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
+  sub->add_option("--router", router, "Trained router (.safetensors): routes each prompt at prefill");
+}
+
 void print_metrics(const RoutingTable& r, const AttentionStats& st) {
   std::fprintf(stderr, "routing: Omega_MSR %.3f | Omega_ESR %.3f | attention FLOPs %.3f of full\n", r.msr(), st.esr(),
                st.flops_ratio());

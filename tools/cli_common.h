@@ -24,6 +24,9 @@ void add_generate_command(CLI::App& app, Commands& cmds);
 void add_probe_command(CLI::App& app, Commands& cmds);
 void add_route_command(CLI::App& app, Commands& cmds);
 void add_train_router_command(CLI::App& app, Commands& cmds);
+void add_eval_command(CLI::App& app, Commands& cmds);
+// Chat-template hook for `elastic eval` (cmd_eval.cpp): model dir -> user-prompt formatter; empty = raw prompts.
+std::function<std::function<std::string(const std::string&)>(const std::string& model_dir)>& eval_chat_template_hook();
 
 std::string ids_json(const std::vector<int32_t>& ids);
 std::string read_text_file(const std::string& path);
@@ -34,6 +37,8 @@ bool is_gguf(const std::string& model);
 bool has_tokenizer(const std::string& model, const std::string& override_path);
 // --routing FILE, --mode full|ssa|xattn (all heads one mode) or --router R (routes each prompt); at most one.
 void apply_routing(Model& m, const std::string& routing_file, const std::string& mode, const std::string& router = "");
+// --routing / --mode / --router (and --chunk, the prefill chunk size) on a subcommand.
+void add_routing_options(CLI::App* sub, std::string& routing, std::string& mode, std::string& router, int& chunk);
 void print_metrics(const RoutingTable& r, const AttentionStats& st);
 void set_threads(int t);
 

@@ -38,10 +38,7 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--seed", o->seed, "Sampling seed");
   sub->add_flag("--print-ids", o->print_ids, "Print the new ids as a JSON array instead of text");
   sub->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
-  sub->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
-  sub->add_option("--routing", o->routing, "Routing JSON: mode per layer per KV head plus sparse settings");
-  sub->add_option("--mode", o->mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
-  sub->add_option("--router", o->router, "Trained router (.safetensors): routes each prompt at prefill");
+  add_routing_options(sub, o->routing, o->mode, o->router, o->chunk);
   cmds.push_back({sub, [o] {
     set_threads(o->threads);
     if (o->prompt.empty() && o->ids.empty()) throw std::runtime_error("generate: give -p TEXT or --ids IDS.npy");

@@ -15,10 +15,7 @@ void add_logits_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--ids", o->ids, "1-D int32 .npy of token ids")->required();
   sub->add_option("-o,--output", o->out, "Output .npy")->required();
   sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
-  sub->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
-  sub->add_option("--routing", o->routing, "Routing JSON: mode per layer per KV head plus sparse settings");
-  sub->add_option("--mode", o->mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
-  sub->add_option("--router", o->router, "Trained router (.safetensors): routes each prompt at prefill");
+  add_routing_options(sub, o->routing, o->mode, o->router, o->chunk);
   cmds.push_back({sub, [o] {
     set_threads(o->threads);
     std::vector<int32_t> ids = read_npy_ids(o->ids);

@@ -1,0 +1,239 @@
+// GPU prefill attention benchmark (GPU machine): our fused kernel (Auto = wgmma kernel here) all-full vs all-streaming vs all-XAttention vs
+// hybrid routings at Omega 0.5 / 0.7 / 0.9, Qwen3-4B attention shape (32 query / 8 KV heads, d = 128, causal,
+// bf16), one launch per layer. Hybrid rows time a stack of 5 layers whose random routings have exactly
+// round(Omega * 40) of their 40 KV heads on streaming attention, and report the time per layer.
+// TFLOP/s are counted two ways: on the (query, key) pairs actually computed (64x64 tiles, diagonal tiles half) and
+// on the dense causal count 4 * hd * Hq * T(T+1)/2. Usage: bench_attention_gpu [T ...] (default 8K..128K).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "elastic/cuda.h"
+#include "elastic/cuda_attention.h"
+
+using namespace elastic::cuda;
+
+namespace {
+
+__global__ void fill_random_bf16(uint16_t* x, size_t n, uint32_t seed, float sd) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+    uint32_t h2 = h * 0x27d4eb2du + 0x165667b1u;
+    h2 ^= h2 >> 15;
+    const float u1 = (h + 1.f) * 2.3283064e-10f, u2 = h2 * 2.3283064e-10f;
+    const float g = sqrtf(-2.f * logf(u1)) * cosf(6.2831853f * u2) * sd;  // Box-Muller normal
+    uint32_t b = __float_as_uint(g);
+    b += 0x7fff + ((b >> 16) & 1);
+    x[i] = static_cast<uint16_t>(b >> 16);
+  }
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    ELASTIC_CUDA_CHECK(cudaEventCreate(&a));
+    ELASTIC_CUDA_CHECK(cudaEventCreate(&b));
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  template <class F>
+  double median_ms(F&& f, int reps) {
+    f();  // warm-up
+    ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<double> v;
+    for (int r = 0; r < reps; ++r) {
+      ELASTIC_CUDA_CHECK(cudaEventRecord(a));
+      f();
+      ELASTIC_CUDA_CHECK(cudaEventRecord(b));
+      ELASTIC_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      ELASTIC_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      v.push_back(ms);
+    }
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  }
+};
+
+// Computed (query, key) pairs of one query head, tile-exact like the kernel visits them (T multiple of 64).
+double pairs_head(const KVHeadMeta& m, int T, int B, const std::vector<int32_t>* cnt, const std::vector<int32_t>* blocks,
+                  const std::vector<int32_t>* off, int h, int nb) {
+  const int n_qt = (T + 63) / 64, R = B / 64;
+  double p = 0;
+  for (int qt = 0; qt < n_qt; ++qt) {
+    const int qb = qt / R;
+    int tiles = qt + 1;
+    if (m.mode == 1) {
+      const int n1 = std::min(m.sink_blocks * R, qt + 1);
+      const int s2 = std::max(m.sink_blocks, qb - m.local_blocks + 1) * R;
+      tiles = n1 + std::max(0, qt + 1 - s2);
+    } else if (m.mode == 2 && cnt) {
+      const int c = (*cnt)[size_t(h) * nb + qb];
+      tiles = c * R;
+      if (c > 0) tiles -= std::max(0, (*blocks)[(*off)[size_t(h) * nb + qb] + c - 1] * R + R - 1 - qt);
+    }
+    p += (tiles - 1) * 4096.0 + 2080.0;  // the diagonal tile is half computed
+  }
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> lengths;
+  for (int i = 1; i < argc; ++i) lengths.push_back(std::atoi(argv[i]));
+  if (lengths.empty()) lengths = {8192, 16384, 32768, 65536, 131072};
+  const int Hq = 32, Hkv = 8, hd = 128, B = 64, sink = 128, local = 2048, L = 5;
+  const int xattn_max_T = 32768;  // the CUDA-core estimator is slow beyond this (see docs/CUDA_ATTENTION.md)
+  cudaDeviceProp prop{};
+  ELASTIC_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("GPU %s, %d SMs. Qwen3-4B attention: Hq=%d Hkv=%d hd=%d causal bf16, block %d, sink %d, local %d, "
+              "xattn stride 16 tau 0.9, hybrid = %d-layer stack with streaming sparse heads\n\n",
+              prop.name, prop.multiProcessorCount, Hq, Hkv, hd, B, sink, local, L);
+  std::printf("| T | routing | Omega | ms/layer | computed/dense pairs | TFLOP/s (computed) | TFLOP/s (dense causal) | "
+              "time vs our full | cost share / pair share |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::mt19937 rng(42);
+  Timer timer;
+  for (const int T : lengths) {
+    const size_t nq = size_t(T) * Hq * hd, nk = size_t(T) * Hkv * hd;
+    uint16_t *q, *k, *v, *out;
+    float* lse;
+    ELASTIC_CUDA_CHECK(cudaMalloc(&q, nq * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&k, nk * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&v, nk * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&out, nq * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&lse, size_t(Hq) * T * 4));
+    fill_random_bf16<<<1024, 256>>>(q, nq, 1u, 1.f);
+    fill_random_bf16<<<1024, 256>>>(k, nk, 2u, 1.f);
+    fill_random_bf16<<<1024, 256>>>(v, nk, 3u, 1.f);
+    ELASTIC_CUDA_CHECK(cudaGetLastError());
+    const double dense_pairs = double(Hq) * T * (T + 1.0) / 2.0;
+    const double flop_per_pair = 4.0 * hd;
+    const int nb = (T + B - 1) / B;
+
+    // Per-layer metadata sets, on the device.
+    auto upload_meta = [&](const std::vector<KVHeadMeta>& m) {
+      KVHeadMeta* d;
+      ELASTIC_CUDA_CHECK(cudaMalloc(&d, m.size() * sizeof(KVHeadMeta)));
+      ELASTIC_CUDA_CHECK(cudaMemcpy(d, m.data(), m.size() * sizeof(KVHeadMeta), cudaMemcpyHostToDevice));
+      return d;
+    };
+    const KVHeadMeta mf = make_kv_head_meta(0, sink, local, B), ms = make_kv_head_meta(1, sink, local, B),
+                     mx = make_kv_head_meta(2, sink, local, B);
+    auto base = [&](const KVHeadMeta* meta) {
+      HybridAttnParams p;
+      p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
+      p.T = T, p.n_heads = Hq, p.n_kv_heads = Hkv, p.head_dim = hd, p.block = B, p.meta = meta;
+      return p;
+    };
+    const int reps = T >= 65536 ? 3 : 5;
+    double t_full = 0, pairs_full = 0;
+    auto row = [&](const char* name, double omega, double ms_layer, double pairs) {
+      const double share_t = t_full > 0 ? ms_layer / t_full : 1.0, share_p = pairs_full > 0 ? pairs / pairs_full : 1.0;
+      std::printf("| %d | %s | %.2f | %.3f | %.4f | %.1f | %.1f | %.3f | %.3f |\n", T, name, omega, ms_layer,
+                  pairs / dense_pairs, pairs * flop_per_pair / ms_layer * 1e-9, dense_pairs * flop_per_pair / ms_layer * 1e-9,
+                  share_t, share_t / share_p);
+      std::fflush(stdout);
+    };
+    {  // all full
+      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mf));
+      const auto p = base(d);
+      t_full = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
+      double pr = 0;
+      for (int h = 0; h < Hq; ++h) pr += pairs_head(mf, T, B, nullptr, nullptr, nullptr, h, nb);
+      pairs_full = pr;
+      row("full", 0.0, t_full, pr);
+      ELASTIC_CUDA_CHECK(cudaFree(d));
+    }
+    {  // all full through the wgmma kernel without pingpong scheduling, for comparison
+      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mf));
+      auto p = base(d);
+      p.kernel = AttnKernel::WgmmaNoPingpong;
+      const double t = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
+      row("full (wgmma, no pingpong)", 0.0, t, pairs_full);
+      ELASTIC_CUDA_CHECK(cudaFree(d));
+    }
+    {  // all full through the simple (mma.sync) kernel, for comparison
+      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mf));
+      auto p = base(d);
+      p.kernel = AttnKernel::Simple;
+      const double t = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
+      row("full (simple kernel)", 0.0, t, pairs_full);
+      ELASTIC_CUDA_CHECK(cudaFree(d));
+    }
+    {  // all streaming
+      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, ms));
+      const auto p = base(d);
+      const double t = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
+      double pr = 0;
+      for (int h = 0; h < Hq; ++h) pr += pairs_head(ms, T, B, nullptr, nullptr, nullptr, h, nb);
+      row("ssa", 1.0, t, pr);
+      ELASTIC_CUDA_CHECK(cudaFree(d));
+    }
+    if (T <= xattn_max_T) {  // all XAttention: estimation on the GPU, then the sparse forward
+      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mx));
+      const int64_t cap = xattn_list_capacity(Hq, nb);
+      int32_t *blocks, *off, *cnt;
+      ELASTIC_CUDA_CHECK(cudaMalloc(&blocks, cap * 4));
+      ELASTIC_CUDA_CHECK(cudaMalloc(&off, size_t(Hq) * nb * 4));
+      ELASTIC_CUDA_CHECK(cudaMalloc(&cnt, size_t(Hq) * nb * 4));
+      XAttnEstimateParams e;
+      e.q = q, e.k = k, e.T = T, e.n_heads = Hq, e.n_kv_heads = Hkv, e.head_dim = hd, e.block = B, e.stride = 16;
+      e.tau = 0.9f, e.meta = d, e.blocks = blocks, e.offsets = off, e.counts = cnt;
+      const double t_est = timer.median_ms([&] { xattn_estimate_cuda(e, nullptr); }, reps);
+      auto p = base(d);
+      p.xattn = {blocks, off, cnt};
+      const double t = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
+      std::vector<int32_t> hc(size_t(Hq) * nb), ho(hc.size()), hb(cap);
+      ELASTIC_CUDA_CHECK(cudaMemcpy(hc.data(), cnt, hc.size() * 4, cudaMemcpyDeviceToHost));
+      ELASTIC_CUDA_CHECK(cudaMemcpy(ho.data(), off, ho.size() * 4, cudaMemcpyDeviceToHost));
+      ELASTIC_CUDA_CHECK(cudaMemcpy(hb.data(), blocks, hb.size() * 4, cudaMemcpyDeviceToHost));
+      double pr = 0;
+      for (int h = 0; h < Hq; ++h) pr += pairs_head(mx, T, B, &hc, &hb, &ho, h, nb);
+      row("xattn (forward only)", 1.0, t, pr);
+      row("xattn estimate (GPU)", 1.0, t_est, 0.0);
+      row("xattn estimate + forward", 1.0, t_est + t, pr);
+      ELASTIC_CUDA_CHECK(cudaFree(blocks));
+      ELASTIC_CUDA_CHECK(cudaFree(off));
+      ELASTIC_CUDA_CHECK(cudaFree(cnt));
+      ELASTIC_CUDA_CHECK(cudaFree(d));
+    }
+    for (const double omega : {0.5, 0.7, 0.9}) {  // hybrid: L layers, exactly round(omega * L * Hkv) streaming heads
+      std::vector<int> idx(L * Hkv);
+      for (int i = 0; i < L * Hkv; ++i) idx[i] = i;
+      std::shuffle(idx.begin(), idx.end(), rng);
+      std::vector<KVHeadMeta> all(L * Hkv, mf);
+      const int n_sparse = static_cast<int>(std::lround(omega * L * Hkv));
+      for (int i = 0; i < n_sparse; ++i) all[idx[i]] = ms;
+      std::vector<KVHeadMeta*> dm(L);
+      double pr = 0;
+      for (int l = 0; l < L; ++l) {
+        std::vector<KVHeadMeta> m(all.begin() + l * Hkv, all.begin() + (l + 1) * Hkv);
+        dm[l] = upload_meta(m);
+        for (int h = 0; h < Hq; ++h) pr += pairs_head(m[h / (Hq / Hkv)], T, B, nullptr, nullptr, nullptr, h, nb);
+      }
+      const double t = timer.median_ms([&] {
+        for (int l = 0; l < L; ++l) hybrid_attention_fwd(base(dm[l]), nullptr);
+      }, reps);
+      char name[64];
+      std::snprintf(name, sizeof name, "hybrid-ssa (%d/%d heads)", n_sparse, L * Hkv);
+      row(name, double(n_sparse) / (L * Hkv), t / L, pr / L);
+      for (auto* d : dm) ELASTIC_CUDA_CHECK(cudaFree(d));
+    }
+    ELASTIC_CUDA_CHECK(cudaFree(q));
+    ELASTIC_CUDA_CHECK(cudaFree(k));
+    ELASTIC_CUDA_CHECK(cudaFree(v));
+    ELASTIC_CUDA_CHECK(cudaFree(out));
+    ELASTIC_CUDA_CHECK(cudaFree(lse));
+  }
+  return 0;
+}

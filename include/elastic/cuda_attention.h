@@ -1,0 +1,100 @@
+#pragma once
+// CUDA hybrid (per-KV-head routed) attention for Hopper: fused block-sparse prefill forward, XAttention block
+// estimation and decode attention with per-head cache capacity. bf16 tensors, fp32 math. All pointers are device
+// pointers; every launch is asynchronous on the given stream and checked.
+//
+// Semantics match the CPU reference (src/attention/attention.cpp): a query head h reads KV head h / (Hq / Hkv);
+// sparse modes keep whole key blocks of `block` tokens and apply causality token by token inside them; scale is
+// 1/sqrt(hd); lse is the natural log of the softmax denominator over the computed keys.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace elastic::cuda {
+
+// Device-side routing of one KV head of a layer (array of Hkv, in device memory).
+struct KVHeadMeta {
+  int32_t mode = 0;          // 0 Full, 1 Streaming, 2 XAttn (same values as elastic::HeadMode)
+  int32_t sink_blocks = 0;   // streaming: ceil(sink / block)
+  int32_t local_blocks = 1;  // streaming: max(1, ceil(local / block)), diagonal block included
+  int32_t pad = 0;
+};
+
+// XAttention block lists: for query head h and absolute query block qb (0 <= qb < nb, nb = ceil((pos0+T)/block)),
+// the selected key blocks are blocks[offsets[h*nb+qb] .. + counts[h*nb+qb]), ascending, each <= qb, the last one
+// == qb (xattn_select always keeps the diagonal). Only read for heads whose KV head is in XAttn mode; an XAttn
+// head with null lists attends densely (what the CPU does for decode and unaligned chunks).
+struct XAttnBlockLists {
+  const int32_t* blocks = nullptr;
+  const int32_t* offsets = nullptr;  // [Hq * nb]
+  const int32_t* counts = nullptr;   // [Hq * nb]
+};
+
+// Simple: mma.sync m16n8k16 + cp.async, any group. Wgmma: TMA + mbarrier pipeline + wgmma, warp-specialized, with
+// pingpong scheduling of its two consumer warpgroups; needs an even number of query heads per KV head.
+// WgmmaNoPingpong: the same without the pingpong (kept to measure it). Auto: Wgmma when the group is even, else Simple.
+enum class AttnKernel : int { Auto = 0, Simple = 1, Wgmma = 2, WgmmaNoPingpong = 3 };
+
+struct HybridAttnParams {
+  const uint16_t* q = nullptr;  // [T, Hq, hd] bf16, positions [pos0, pos0 + T), RoPE applied
+  const uint16_t* k = nullptr;  // [pos0 + T, Hkv, hd] bf16, positions [0, pos0 + T)
+  const uint16_t* v = nullptr;  // [pos0 + T, Hkv, hd] bf16
+  uint16_t* out = nullptr;      // [T, Hq, hd] bf16
+  float* lse = nullptr;         // [Hq, T] fp32 natural log-sum-exp of scaled scores (optional, may be null)
+  int T = 0, pos0 = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;  // head_dim 64 or 128
+  int block = 64;                      // sparse block size, 64 or 128
+  const KVHeadMeta* meta = nullptr;    // [Hkv] device array
+  XAttnBlockLists xattn;
+  AttnKernel kernel = AttnKernel::Auto;
+};
+
+// One launch for all heads of a layer. Throws std::invalid_argument on bad shapes (naming the field).
+void hybrid_attention_fwd(const HybridAttnParams& p, cudaStream_t stream);
+
+// Host helper: device metadata values for one KV head (sink / local in tokens, rounded up to blocks).
+KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block);
+
+// XAttention estimation on the GPU (antidiagonal scoring, same pipeline as elastic::xattn_select), for the query
+// blocks of this chunk. Requires pos0 % block == 0. Writes triangular lists: offsets[h*nb+qb] = h*nb*(nb+1)/2 +
+// qb*(qb+1)/2 (so `blocks` needs Hq*nb*(nb+1)/2 ints), counts for qb >= pos0/block (earlier rows get count 0).
+// Only query heads whose KV head mode is XAttn are estimated (others get count 0). Optionally returns the block
+// scores (probability mass per block, [Hq, nb, nb] fp32, rows < pos0/block untouched) for testing.
+struct XAttnEstimateParams {
+  const uint16_t* q = nullptr;  // [T, Hq, hd] bf16
+  const uint16_t* k = nullptr;  // [pos0 + T, Hkv, hd] bf16
+  int T = 0, pos0 = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int block = 64, stride = 16;
+  float tau = 0.9f;
+  const KVHeadMeta* meta = nullptr;  // [Hkv] device array (only XAttn-routed KV heads are estimated)
+  int32_t* blocks = nullptr;         // [Hq * nb*(nb+1)/2]
+  int32_t* offsets = nullptr;        // [Hq * nb]
+  int32_t* counts = nullptr;         // [Hq * nb]
+  float* block_scores = nullptr;     // optional [Hq, nb, nb]
+};
+void xattn_estimate_cuda(const XAttnEstimateParams& p, cudaStream_t stream);
+inline int64_t xattn_list_capacity(int n_heads, int nb) { return int64_t(n_heads) * nb * (nb + 1) / 2; }
+
+// Decode: one new query token at position n_pos - 1 whose key/value are already stored in the caches. Each KV head
+// has its own cache: slot(j) = j for full caches (ring_slots == 0), else sink slots then a ring of ring_slots
+// (elastic::HeadKV::slot). Full and XAttn heads attend to all positions; streaming heads to the kept blocks of
+// streaming_keeps (the cache must hold them: sink_slots >= sink_blocks*block, ring_slots >= local_blocks*block).
+struct DecodeKVHead {
+  const uint16_t* k = nullptr;  // [slots, hd] bf16
+  const uint16_t* v = nullptr;  // [slots, hd] bf16
+  int32_t sink_slots = 0, ring_slots = 0;
+  int32_t mode = 0, sink_blocks = 0, local_blocks = 1, pad = 0;
+};
+struct DecodeParams {
+  const uint16_t* q = nullptr;        // [Hq, hd] bf16
+  uint16_t* out = nullptr;            // [Hq, hd] bf16
+  const DecodeKVHead* heads = nullptr;  // [Hkv] device array
+  int n_pos = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, block = 64;
+  float* workspace = nullptr;  // decode_workspace_floats(...) floats, device
+};
+// Host check of a head table before it goes to the device: throws naming the head when a streaming head's cache
+// cannot hold its sink blocks or its window (or the mode is unknown).
+void validate_decode_heads(const DecodeKVHead* host_heads, int n_kv_heads, int block);
+int64_t decode_workspace_floats(int n_heads, int head_dim, int n_pos);
+void decode_attention(const DecodeParams& p, cudaStream_t stream);
+
+}  // namespace elastic::cuda

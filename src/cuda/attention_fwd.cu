@@ -1,0 +1,788 @@
+// Fused block-sparse (hybrid) attention forward, one launch per layer for all heads. Two kernels compute the same
+// function: "Simple" (below, any GQA group) and "Wgmma" (further down, Hopper-only, even GQA groups); Auto picks
+// Wgmma when it applies.
+//
+// Kernel "Simple" (FlashAttention-2 style, sm_80+ instructions, built for sm_90a):
+//   CTA = 4 warps = 64 query rows of one query head (16 rows per warp), aligned to absolute positions so a tile
+//   never straddles a sparse block. Key/value tiles of 64 rows go global -> shared with cp.async (16 B, XOR swizzle
+//   of the 16-byte chunks so ldmatrix is conflict free); K and V are staggered (V_i loads while S_i = Q K_i^T is
+//   computed, K_{i+1} loads while O += P V_i). mma.sync m16n8k16 bf16 with fp32 accumulators; Q fragments stay in
+//   registers; online softmax in the log2 domain; P goes from the S accumulators straight into A fragments.
+//   Which key tiles a CTA visits comes from the KV head's metadata (Full: all causal tiles; Streaming: sink tiles
+//   then the local window; XAttn: the compact block list of its (query head, query block)). GQA reads K/V of KV head
+//   h / group in place.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "elastic/cuda.h"
+#include "elastic/cuda_attention.h"
+
+namespace elastic::cuda {
+namespace {
+
+constexpr int kBM = 64;   // query rows per CTA
+constexpr int kBN = 64;   // keys per tile
+constexpr int kWarps = 4;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes 0 zero-fills (rows past the end).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// D = A * B + D, m16n8k16, bf16 inputs, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Byte offset of 16-byte chunk c of row r in a [rows, HD] bf16 tile: chunks XOR-swizzled by r % 8.
+template <int HD>
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return static_cast<uint32_t>(r * HD * 2 + ((c ^ (r & 7)) << 4));
+}
+
+// Copies rows [row0, row0 + 64) of one head (row stride `ld` elements) into a swizzled tile; rows >= n_rows -> 0.
+template <int HD>
+__device__ __forceinline__ void load_tile(uint32_t tile, const __nv_bfloat16* base, int row0, int n_rows, size_t ld,
+                                          int tid) {
+  constexpr int kChunks = HD / 8;
+#pragma unroll
+  for (int i = 0; i < kBN * kChunks / (kWarps * 32); ++i) {
+    const int idx = tid + i * kWarps * 32;
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int row = row0 + r;
+    const bool ok = row < n_rows;
+    const __nv_bfloat16* src = base + static_cast<size_t>(ok ? row : 0) * ld + c * 8;
+    cp_async16(tile + swz<HD>(r, c), src, ok ? 16 : 0);
+  }
+}
+
+// Key tiles (64 keys) a query tile visits, in ascending order.
+struct TileList {
+  int mode, n, n1, s2, R;  // streaming: tiles [0, n1) then [s2, s2 + n - n1)
+  const int32_t* xl;       // xattn: block list
+  __device__ __forceinline__ int at(int i) const {
+    if (mode == 2) return xl[i / R] * R + i % R;
+    if (mode == 1) return i < n1 ? i : s2 + (i - n1);
+    return i;
+  }
+};
+
+template <int HD>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    attn_fwd_simple(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                    const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+                    int T, int pos0, int Hq, int Hkv, int block, const KVHeadMeta* __restrict__ meta,
+                    XAttnBlockLists xattn, int n_qtiles, float scale_log2) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sQ = smem_addr(smem);
+  const uint32_t sK = sQ + kBM * HD * 2;
+  const uint32_t sV = sK + kBN * HD * 2;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // Longest (latest) query tiles first for causal load balance.
+  const int qt_local = n_qtiles - 1 - static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y;
+  const int group = Hq / Hkv, kvh = h / group;
+  const int qt = pos0 / kBM + qt_local;  // absolute query tile
+  const int n_keys = pos0 + T;
+  const int R = block / kBN;            // key tiles per sparse block
+  const int qb = qt / R;                // absolute query block
+
+  // Which key tiles this CTA visits.
+  const KVHeadMeta m = meta[kvh];
+  TileList tl{0, qt + 1, 0, 0, R, nullptr};
+  if (m.mode == 1) {
+    const int n1 = min(m.sink_blocks * R, qt + 1);
+    const int s2 = max(m.sink_blocks, qb - m.local_blocks + 1) * R;
+    tl = TileList{1, n1 + max(0, qt + 1 - s2), n1, s2, R, nullptr};
+  } else if (m.mode == 2 && xattn.blocks != nullptr) {
+    const int nb = (n_keys + block - 1) / block;
+    const int cnt = xattn.counts[h * nb + qb];
+    const int32_t* xl = xattn.blocks + xattn.offsets[h * nb + qb];
+    int n = cnt * R;
+    if (cnt > 0) n -= max(0, xl[cnt - 1] * R + R - 1 - qt);  // tiles of the diagonal block past this query tile
+    tl = TileList{2, n, 0, 0, R, xl};
+  }
+
+  // Q tile: rows of absolute positions [qt*64, qt*64 + 64) that lie in [pos0, pos0 + T); others zero.
+  const size_t ldq = static_cast<size_t>(Hq) * HD, ldkv = static_cast<size_t>(Hkv) * HD;
+  {
+    constexpr int kChunks = HD / 8;
+#pragma unroll
+    for (int i = 0; i < kBM * kChunks / (kWarps * 32); ++i) {
+      const int idx = tid + i * kWarps * 32;
+      const int r = idx / kChunks, c = idx % kChunks;
+      const int t = qt * kBM + r - pos0;
+      const bool ok = t >= 0 && t < T;
+      const __nv_bfloat16* src = q + static_cast<size_t>(ok ? t : 0) * ldq + static_cast<size_t>(h) * HD + c * 8;
+      cp_async16(sQ + swz<HD>(r, c), src, ok ? 16 : 0);
+    }
+  }
+  const __nv_bfloat16* kbase = k + static_cast<size_t>(kvh) * HD;
+  const __nv_bfloat16* vbase = v + static_cast<size_t>(kvh) * HD;
+  if (tl.n > 0) load_tile<HD>(sK, kbase, tl.at(0) * kBN, n_keys, ldkv, tid);
+  cp_async_commit();
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
+  uint32_t qf[HD / 16][4];
+  const int g = lane / 4, t4 = lane % 4;
+  const int row_pos0 = qt * kBM + warp * 16 + g;  // absolute position of this thread's first row (second: +8)
+
+  for (int it = 0; it < tl.n; ++it) {
+    const int kt = tl.at(it);
+    cp_async_wait<0>();
+    __syncthreads();  // K_it landed; every warp is done with V_{it-1}
+    load_tile<HD>(sV, vbase, kt * kBN, n_keys, ldkv, tid);
+    cp_async_commit();
+    if (it == 0) {
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        const int r = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = kk * 2 + lane / 16;
+        ldsm_x4(sQ + swz<HD>(r, c), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+      }
+    }
+    // S = Q K^T for 16 rows x 64 keys per warp.
+    float s[kBN / 8][4];
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+      for (int j = 0; j < kBN / 8; j += 2) {
+        const int r = j * 8 + (lane % 8) + (lane / 16) * 8, c = kk * 2 + (lane / 8) % 2;
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(sK + swz<HD>(r, c), b0, b1, b2, b3);
+        mma_bf16(s[j], qf[kk], b0, b1);
+        mma_bf16(s[j + 1], qf[kk], b2, b3);
+      }
+    }
+    // Token causality inside the tile (only tiles reaching past the first row of this query tile need it).
+    if (kt * kBN + kBN - 1 > qt * kBM) {
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = kt * kBN + j * 8 + t4 * 2 + (e & 1);
+          const int p = row_pos0 + (e >> 1) * 8;
+          if (key > p) s[j][e] = -INFINITY;
+        }
+    }
+    // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3); a row's 64 scores live in the 4 threads of a quad.
+    float corr[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][rr * 2], s[j][rr * 2 + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(row_m[rr], mx * scale_log2);
+      const float base = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: keep exp finite
+      corr[rr] = exp2f(row_m[rr] - base);
+      row_m[rr] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+        s[j][rr * 2] = exp2f(s[j][rr * 2] * scale_log2 - base);
+        s[j][rr * 2 + 1] = exp2f(s[j][rr * 2 + 1] * scale_log2 - base);
+        sum += s[j][rr * 2] + s[j][rr * 2 + 1];
+      }
+      row_l[rr] = row_l[rr] * corr[rr] + sum;  // quad-partial sums, reduced at the end
+    }
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) {
+      o[i][0] *= corr[0];
+      o[i][1] *= corr[0];
+      o[i][2] *= corr[1];
+      o[i][3] *= corr[1];
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // V_it landed; every warp is done with K_it
+    if (it + 1 < tl.n) load_tile<HD>(sK, kbase, tl.at(it + 1) * kBN, n_keys, ldkv, tid);
+    cp_async_commit();
+    // O += P V: P's accumulators become A fragments 16 keys at a time.
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int n = 0; n < HD / 8; n += 2) {
+        const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = n + lane / 16;
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_t(sV + swz<HD>(r, c), b0, b1, b2, b3);
+        mma_bf16(o[n], a, b0, b1);
+        mma_bf16(o[n + 1], a, b2, b3);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Normalize and store; lse in natural log.
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l = row_l[rr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int t = row_pos0 + rr * 8 - pos0;
+    if (t < 0 || t >= T) continue;
+    __nv_bfloat16* orow = out + static_cast<size_t>(t) * ldq + static_cast<size_t>(h) * HD;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(orow + n * 8 + t4 * 2) = pack_bf16(o[n][rr * 2] * inv, o[n][rr * 2 + 1] * inv);
+    }
+    if (lse != nullptr && t4 == 0)
+      lse[static_cast<size_t>(h) * T + t] = l > 0.f ? (row_m[rr] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+  }
+}
+
+template <int HD>
+void launch_simple(const HybridAttnParams& p, cudaStream_t stream) {
+  const int smem = (kBM + 2 * kBN) * HD * 2;
+  static bool configured = false;  // raise the dynamic shared-memory limit once per instantiation
+  if (!configured) {
+    ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_simple<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = true;
+  }
+  const int qt0 = p.pos0 / kBM, qt1 = (p.pos0 + p.T - 1) / kBM;
+  const int n_qtiles = qt1 - qt0 + 1;
+  const float scale_log2 = 1.f / std::sqrt(static_cast<float>(HD)) * 1.4426950408889634f;
+  dim3 grid(n_qtiles, p.n_heads);
+  attn_fwd_simple<HD><<<grid, kWarps * 32, smem, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(p.q), reinterpret_cast<const __nv_bfloat16*>(p.k),
+      reinterpret_cast<const __nv_bfloat16*>(p.v), reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T, p.pos0,
+      p.n_heads, p.n_kv_heads, p.block, p.meta, p.xattn, n_qtiles, scale_log2);
+  ELASTIC_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Kernel "Wgmma" (Hopper, sm_90a): warp-specialized, TMA + mbarrier pipeline, wgmma.
+//   CTA = 3 warpgroups: WG0 is the producer (one thread issues the bulk tensor copies; setmaxnreg 40), WG1 and WG2
+//   are consumers (setmaxnreg 232), each computing 64 query rows of one query head; the two heads (2p, 2p+1) share
+//   a KV head (group even), so every K/V tile in shared memory feeds 128 query rows. Key tiles hold kWN = 128 keys
+//   (two 64-key tiles of the sparse lists); shared tiles are column boxes of 64 bf16 in the 128-byte swizzle that
+//   TMA writes and wgmma reads (hd 128 = two boxes). kStages K/V stages; K and V have separate "full" barriers so
+//   S = Q K^T starts before V lands; each consumer warp arrives on the stage's "empty" barrier.
+//   S = Q K^T: wgmma m64n128k16, A (Q) and B (K) from shared memory. O += P V: wgmma m64n{hd}k16 with P from
+//   registers (the S accumulators, rounded to bf16) and V transposed from shared memory. The consumers take turns
+//   issuing their products (pingpong, named barriers), so one's softmax overlaps the other's matrix work.
+//   Sparse routing: each consumer walks the union of both heads' tile lists (identical for Full / Streaming; for
+//   XAttn the per-head lists differ) and computes only the tiles of its own head; a 64-key half that is not in a
+//   head's list is masked like a causal mask.
+// D[64 x 64] += A[64 x 16] (registers) * B[16 x 64] (shared, MN-major: transposed).
+__device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float* d, const uint32_t* a, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+// D[64 x 128] += A[64 x 16] (registers) * B[16 x 128] (shared, MN-major: transposed).
+__device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float* d, const uint32_t* a, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// D[64 x 128] (+)= A[64 x 16] (shared, K-major) * B[16 x 128] (shared, K-major); scale_d 0 overwrites D.
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float* d, uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+constexpr int kStages = 3;
+constexpr int kWN = 128;  // keys per wgmma-kernel tile: two 64-key tiles of the sparse lists ("halves")
+
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);  // 128-byte swizzle
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Ties accumulator registers to this point so the compiler cannot move their reads or writes across the
+// asynchronous wgmma (which the "+f" constraints alone would allow).
+template <int N>
+__device__ __forceinline__ void fence_regs(float* r) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nWAIT_LOOP:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra WAIT_DONE;\nbra WAIT_LOOP;\nWAIT_DONE:\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// 3-D tile copy (d, head, row) -> shared, completing on an mbarrier; out-of-range rows read as zero.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// S[64 x 64] = Q K^T for one warpgroup (issued, not waited).
+template <int HD>
+__device__ __forceinline__ void issue_s(float (&sacc)[kWN / 8][4], uint32_t q_tile, uint32_t k_tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    // 64-column box (Q: 64 rows, K: kWN rows of 128 B), then 16 columns (32 B) inside it
+    const uint32_t qo = (kk / 4) * (kBM * 128) + (kk % 4) * 32, ko = (kk / 4) * (kWN * 128) + (kk % 4) * 32;
+    wgmma_m64n128k16_ss(&sacc[0][0], make_desc(q_tile + qo, 16, 1024), make_desc(k_tile + ko, 16, 1024), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// O[64 x HD] += P V (issued, not waited); V's tile is read transposed.
+template <int HD>
+__device__ __forceinline__ void issue_pv(float (&o)[HD / 8][4], const uint32_t (&pa)[kWN / 16][4], uint32_t v_tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kWN / 16; ++kk) {
+    // 16 keys = 2 groups of 8 rows of 128 B; the next 64 columns of V start kWN rows further (LBO)
+    const uint64_t dv = make_desc(v_tile + kk * 2048, kWN * 128, 1024);
+    if constexpr (HD == 128)
+      wgmma_m64n128k16_rs_tb(&o[0][0], pa[kk], dv);
+    else
+      wgmma_m64n64k16_rs_tb(&o[0][0], pa[kk], dv);
+  }
+  wgmma_commit();
+}
+
+// Causal mask (where the tile reaches past the query tile's first row), then the online-softmax update of the two
+// rows this thread holds: scores become exp2(s * scale_log2 - m), corr the factor for the previous output.
+// valid: bit 0 / bit 1 = the first / second 64 keys of the tile belong to this head's list (else masked out).
+__device__ __forceinline__ void softmax_step(float (&s)[kWN / 8][4], int tile, int valid, int qt, int row_pos0, int t4,
+                                             float* row_m, float* row_l, float* corr, float scale_log2) {
+  if (tile * kWN + kWN - 1 > qt * kBM) {
+#pragma unroll
+    for (int j = 0; j < kWN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = tile * kWN + j * 8 + t4 * 2 + (e & 1);
+        if (key > row_pos0 + (e >> 1) * 8) s[j][e] = -INFINITY;
+      }
+  }
+  if (valid != 3) {
+#pragma unroll
+    for (int j = 0; j < kWN / 8; ++j)
+      if (!((valid >> (j / 8)) & 1)) s[j][0] = s[j][1] = s[j][2] = s[j][3] = -INFINITY;
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kWN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][rr * 2], s[j][rr * 2 + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(row_m[rr], mx * scale_log2);
+    const float bse = m_new == -INFINITY ? 0.f : m_new;
+    corr[rr] = exp2f(row_m[rr] - bse);
+    row_m[rr] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kWN / 8; ++j) {
+      s[j][rr * 2] = exp2f(s[j][rr * 2] * scale_log2 - bse);
+      s[j][rr * 2 + 1] = exp2f(s[j][rr * 2 + 1] * scale_log2 - bse);
+      sum += s[j][rr * 2] + s[j][rr * 2 + 1];
+    }
+    row_l[rr] = row_l[rr] * corr[rr] + sum;
+  }
+}
+
+__device__ __forceinline__ void to_bf16_frags(const float (&s)[kWN / 8][4], uint32_t (&pa)[kWN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kWN / 16; ++kk) {
+    pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+template <int HD>
+__device__ __forceinline__ void rescale(float (&o)[HD / 8][4], const float* corr) {
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) {
+    o[n][0] *= corr[0];
+    o[n][1] *= corr[0];
+    o[n][2] *= corr[1];
+    o[n][3] *= corr[1];
+  }
+}
+
+// Tile list of query head h for absolute query tile qt (same rules as the simple kernel).
+__device__ __forceinline__ TileList make_tile_list(const KVHeadMeta& m, const XAttnBlockLists& xattn, int h, int qt,
+                                                   int n_keys, int block) {
+  const int R = block / kBN, qb = qt / R;
+  TileList tl{0, qt + 1, 0, 0, R, nullptr};
+  if (m.mode == 1) {
+    const int n1 = min(m.sink_blocks * R, qt + 1);
+    const int s2 = max(m.sink_blocks, qb - m.local_blocks + 1) * R;
+    tl = TileList{1, n1 + max(0, qt + 1 - s2), n1, s2, R, nullptr};
+  } else if (m.mode == 2 && xattn.blocks != nullptr) {
+    const int nb = (n_keys + block - 1) / block;
+    const int cnt = xattn.counts[h * nb + qb];
+    const int32_t* xl = xattn.blocks + xattn.offsets[h * nb + qb];
+    int n = cnt * R;
+    if (cnt > 0) n -= max(0, xl[cnt - 1] * R + R - 1 - qt);
+    tl = TileList{2, n, 0, 0, R, xl};
+  }
+  return tl;
+}
+
+// Ascending union of two tile lists; mask bit w says tile belongs to head w.
+struct UnionIter {
+  TileList a, b;
+  int ia = 0, ib = 0;
+  __device__ __forceinline__ bool next(int& tile, int& mask) {
+    const int ta = ia < a.n ? a.at(ia) : INT_MAX, tb = ib < b.n ? b.at(ib) : INT_MAX;
+    tile = min(ta, tb);
+    if (tile == INT_MAX) return false;
+    mask = (ta == tile ? 1 : 0) | (tb == tile ? 2 : 0);
+    ia += ta == tile;
+    ib += tb == tile;
+    return true;
+  }
+};
+
+// Pairs consecutive 64-key tiles of the union into kWN-key tiles. m4 bit (half * 2 + w): half `half` of the tile
+// is in head w's list.
+struct PairIter {
+  UnionIter un;
+  bool pending = false;
+  int ptile = 0, pmask = 0;
+  __device__ __forceinline__ bool next(int& tile, int& m4) {
+    int t, m;
+    if (pending) {
+      t = ptile, m = pmask, pending = false;
+    } else if (!un.next(t, m)) {
+      return false;
+    }
+    tile = t >> 1;
+    m4 = m << ((t & 1) * 2);
+    if ((t & 1) == 0 && un.next(ptile, pmask)) {
+      if ((ptile >> 1) == tile)
+        m4 |= pmask << 2;
+      else
+        pending = true;
+    }
+    return true;
+  }
+};
+__device__ __forceinline__ int head_valid(int m4, int w) { return ((m4 >> w) & 1) | (((m4 >> (2 + w)) & 1) << 1); }
+
+template <int HD, bool kPingpong>
+__global__ void __launch_bounds__(384, 1)
+    attn_fwd_wgmma(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                   const __grid_constant__ CUtensorMap tmV, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+                   int T, int pos0, int Hq, int Hkv, int block, const KVHeadMeta* __restrict__ meta,
+                   XAttnBlockLists xattn, int n_qtiles, float scale_log2) {
+  constexpr int kQBytes = kBM * HD * 2;     // one 64-row Q tile
+  constexpr int kTileBytes = kWN * HD * 2;  // one K or V tile of kWN rows
+  constexpr int kHalves = HD / 64;          // 64-column boxes per row
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t bars[1 + 3 * kStages];  // q_full, full_k[s], full_v[s], empty[s]
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+  const uint32_t sQ = base;                                      // [2][64 x HD]: column boxes of 64 rows x 128 B
+  const uint32_t sK = sQ + 2 * kQBytes;                          // [kStages][kWN x HD]: boxes of kWN rows x 128 B
+  const uint32_t sV = sK + kStages * kTileBytes;
+  const uint32_t bar_q = smem_addr(&bars[0]);
+  auto bar_fk = [&](int s) { return smem_addr(&bars[1 + s]); };
+  auto bar_fv = [&](int s) { return smem_addr(&bars[1 + kStages + s]); };
+  auto bar_em = [&](int s) { return smem_addr(&bars[1 + 2 * kStages + s]); };
+
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp_in_wg = (tid % 128) / 32;
+  const int qt = pos0 / kBM + (n_qtiles - 1 - static_cast<int>(blockIdx.x));  // latest tiles first
+  const int h0 = blockIdx.y * 2, group = Hq / Hkv, kvh = h0 / group, n_keys = pos0 + T;
+  const KVHeadMeta m = meta[kvh];
+  PairIter it{UnionIter{make_tile_list(m, xattn, h0, qt, n_keys, block),
+                        make_tile_list(m, xattn, h0 + 1, qt, n_keys, block)}};
+
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_fk(s), 1);
+      mbar_init(bar_fv(s), 1);
+      mbar_init(bar_em(s), 8);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer: one thread issues every copy
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (tid == 0) {
+      mbar_expect_tx(bar_q, 2 * kQBytes);
+      for (int w = 0; w < 2; ++w)
+        for (int hf = 0; hf < kHalves; ++hf)
+          tma_load_3d(sQ + w * kQBytes + hf * (kBM * 128), &tmQ, hf * 64, h0 + w, qt * kBM - pos0, bar_q);
+      int tile, m4;
+      for (int i = 0; it.next(tile, m4); ++i) {
+        const int s = i % kStages;
+        if (i >= kStages) mbar_wait(bar_em(s), ((i / kStages) - 1) & 1);
+        mbar_expect_tx(bar_fk(s), kTileBytes);
+        for (int hf = 0; hf < kHalves; ++hf)
+          for (int rh = 0; rh < kWN / 64; ++rh)
+            tma_load_3d(sK + s * kTileBytes + hf * (kWN * 128) + rh * 8192, &tmK, hf * 64, kvh, tile * kWN + rh * 64,
+                        bar_fk(s));
+        mbar_expect_tx(bar_fv(s), kTileBytes);
+        for (int hf = 0; hf < kHalves; ++hf)
+          for (int rh = 0; rh < kWN / 64; ++rh)
+            tma_load_3d(sV + s * kTileBytes + hf * (kWN * 128) + rh * 8192, &tmV, hf * 64, kvh, tile * kWN + rh * 64,
+                        bar_fv(s));
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    // Consumer warpgroup: head h, rows warp_in_wg * 16 + g (+ 8) of the query tile.
+    const int w = wg - 1, h = h0 + w;
+    const int g = lane / 4, t4 = lane % 4;
+    const int row_pos0 = qt * kBM + warp_in_wg * 16 + g;
+    const uint32_t myQ = sQ + w * kQBytes;
+    float o[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
+    float sacc[kWN / 8][4];
+#pragma unroll
+    for (int j = 0; j < kWN / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
+    uint32_t pa[kWN / 16][4];
+    float corr[2];
+    mbar_wait(bar_q, 0);
+
+    if (m.mode == 2 && xattn.blocks != nullptr) {
+      // XAttn: the two heads' lists differ; walk their union, compute own tiles only (no overlap of steps).
+      int tile, m4;
+      for (int i = 0; it.next(tile, m4); ++i) {
+        const int s = i % kStages;
+        const uint32_t parity = (i / kStages) & 1;
+        const int valid = head_valid(m4, w);
+        mbar_wait(bar_fk(s), parity);
+        if (valid) {
+          issue_s<HD>(sacc, myQ, sK + s * kTileBytes);
+          wgmma_wait<0>();
+          fence_regs<kWN / 2>(&sacc[0][0]);
+          softmax_step(sacc, tile, valid, qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+          rescale<HD>(o, corr);
+          to_bf16_frags(sacc, pa);
+        }
+        mbar_wait(bar_fv(s), parity);
+        if (valid) {
+          issue_pv<HD>(o, pa, sV + s * kTileBytes);
+          wgmma_wait<0>();
+          fence_regs<HD / 2>(&o[0][0]);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_em(s));
+      }
+    } else {
+      // Both heads visit the same tiles. Per step: O += P_i V_i and S_{i+1} = Q K_{i+1}^T go to the tensor cores
+      // back to back (one wait for both), then the softmax of S_{i+1}. (Overlapping that softmax with P_i V_i
+      // needs a wait_group 1, which ptxas answers by serializing every wgmma: C7514.)
+      // Pingpong: the two consumer warpgroups take turns issuing their matrix work (named barriers 1 and 2), so one's
+      // softmax runs while the other's products occupy the tensor cores. Warpgroup 0 goes first; warpgroup 1 skips
+      // its arrival after its last turn so every barrier phase completes.
+      auto my_turn = [&] {
+        if (kPingpong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + w) : "memory");
+      };
+      auto pass_turn = [&] {
+        if (kPingpong) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - w) : "memory");
+      };
+      int tile, m4;
+      if (it.next(tile, m4)) {
+        if (w == 1) pass_turn();
+        my_turn();
+        mbar_wait(bar_fk(0), 0);
+        issue_s<HD>(sacc, myQ, sK);
+        pass_turn();
+        wgmma_wait<0>();
+        fence_regs<kWN / 2>(&sacc[0][0]);
+        softmax_step(sacc, tile, head_valid(m4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+        to_bf16_frags(sacc, pa);
+        for (int i = 0;; ++i) {
+          const int s = i % kStages, sn = (i + 1) % kStages;
+          int ntile, nm4;
+          const bool has_next = it.next(ntile, nm4);
+          my_turn();
+          mbar_wait(bar_fv(s), (i / kStages) & 1);
+          issue_pv<HD>(o, pa, sV + s * kTileBytes);
+          if (has_next) {
+            mbar_wait(bar_fk(sn), ((i + 1) / kStages) & 1);
+            issue_s<HD>(sacc, myQ, sK + sn * kTileBytes);
+          }
+          if (has_next || w == 0) pass_turn();
+          wgmma_wait<0>();
+          fence_regs<HD / 2>(&o[0][0]);
+          fence_regs<kWN / 2>(&sacc[0][0]);
+          __syncwarp();
+          if (lane == 0) mbar_arrive(bar_em(s));  // K_i and V_i consumed
+          if (!has_next) break;
+          softmax_step(sacc, ntile, head_valid(nm4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+          rescale<HD>(o, corr);
+          to_bf16_frags(sacc, pa);
+        }
+      }
+    }
+
+    const size_t ldq = static_cast<size_t>(Hq) * HD;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float l = row_l[rr];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int t = row_pos0 + rr * 8 - pos0;
+      if (t < 0 || t >= T) continue;
+      __nv_bfloat16* orow = out + static_cast<size_t>(t) * ldq + static_cast<size_t>(h) * HD;
+#pragma unroll
+      for (int n = 0; n < HD / 8; ++n)
+        *reinterpret_cast<uint32_t*>(orow + n * 8 + t4 * 2) = pack_bf16(o[n][rr * 2] * inv, o[n][rr * 2 + 1] * inv);
+      if (lse != nullptr && t4 == 0)
+        lse[static_cast<size_t>(h) * T + t] = l > 0.f ? (row_m[rr] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+    }
+  }
+}
+
+// Host: a [rows, heads, hd] bf16 tensor as a 3-D tensor map with [64 rows x 1 head x 64 columns] boxes.
+CUtensorMap make_map(const void* ptr, int hd, int heads, int rows) {
+  using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static EncodeFn encode = nullptr;
+  if (!encode) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult qr{};
+    ELASTIC_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qr));
+    if (qr != cudaDriverEntryPointSuccess || !fn) throw std::runtime_error("cuTensorMapEncodeTiled not available");
+    encode = reinterpret_cast<EncodeFn>(fn);
+  }
+  CUtensorMap map{};
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(hd), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(hd) * 2, static_cast<cuuint64_t>(heads) * hd * 2};
+  const cuuint32_t box[3] = {64, 1, 64}, estr[3] = {1, 1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(ptr), dims, strides, box, estr,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("hybrid_attention_fwd: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+  return map;
+}
+
+template <int HD, bool kPingpong>
+void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
+  const int smem = 2 * kBM * HD * 2 + 2 * kStages * kWN * HD * 2 + 1024;  // Q tiles, K/V stages, alignment
+  static bool configured = false;
+  if (!configured) {
+    ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_wgmma<HD, kPingpong>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = true;
+  }
+  const CUtensorMap mq = make_map(p.q, HD, p.n_heads, p.T);
+  const CUtensorMap mk = make_map(p.k, HD, p.n_kv_heads, p.pos0 + p.T);
+  const CUtensorMap mv = make_map(p.v, HD, p.n_kv_heads, p.pos0 + p.T);
+  const int qt0 = p.pos0 / kBM, qt1 = (p.pos0 + p.T - 1) / kBM, n_qtiles = qt1 - qt0 + 1;
+  const float scale_log2 = 1.f / std::sqrt(static_cast<float>(HD)) * 1.4426950408889634f;
+  dim3 grid(n_qtiles, p.n_heads / 2);
+  attn_fwd_wgmma<HD, kPingpong><<<grid, 384, smem, stream>>>(mq, mk, mv, reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T,
+                                                  p.pos0, p.n_heads, p.n_kv_heads, p.block, p.meta, p.xattn, n_qtiles,
+                                                  scale_log2);
+  ELASTIC_CUDA_CHECK(cudaGetLastError());
+}
+
+void bad(const std::string& what) { throw std::invalid_argument("hybrid_attention_fwd: " + what); }
+
+}  // namespace
+
+KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block) {
+  if (mode < 0 || mode > 2) throw std::invalid_argument("make_kv_head_meta: mode must be 0, 1 or 2");
+  if (block != 64 && block != 128) throw std::invalid_argument("make_kv_head_meta: block must be 64 or 128");
+  if (sink < 0 || local < 0) throw std::invalid_argument("make_kv_head_meta: sink and local must be >= 0");
+  KVHeadMeta m;
+  m.mode = mode;
+  m.sink_blocks = (sink + block - 1) / block;
+  m.local_blocks = std::max(1, (local + block - 1) / block);
+  return m;
+}
+
+void hybrid_attention_fwd(const HybridAttnParams& p, cudaStream_t stream) {
+  if (!p.q || !p.k || !p.v || !p.out || !p.meta) bad("null q, k, v, out or meta");
+  if (p.T <= 0) bad("T must be > 0 (got " + std::to_string(p.T) + ")");
+  if (p.pos0 < 0) bad("pos0 must be >= 0");
+  if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads)
+    bad("n_heads must be a positive multiple of n_kv_heads");
+  if (p.block != 64 && p.block != 128) bad("block must be 64 or 128 (got " + std::to_string(p.block) + ")");
+  if (p.xattn.blocks && (!p.xattn.offsets || !p.xattn.counts)) bad("xattn lists need offsets and counts");
+  if (p.head_dim != 64 && p.head_dim != 128) bad("head_dim must be 64 or 128 (got " + std::to_string(p.head_dim) + ")");
+  const bool even_group = (p.n_heads / p.n_kv_heads) % 2 == 0;
+  if (p.kernel == AttnKernel::Wgmma && !even_group) bad("the wgmma kernel needs an even number of query heads per KV head");
+  if (p.kernel == AttnKernel::WgmmaNoPingpong && !even_group)
+    bad("the wgmma kernel needs an even number of query heads per KV head");
+  const bool wgmma = p.kernel == AttnKernel::Wgmma || (p.kernel == AttnKernel::Auto && even_group);
+  if (wgmma)
+    p.head_dim == 64 ? launch_wgmma<64, true>(p, stream) : launch_wgmma<128, true>(p, stream);
+  else if (p.kernel == AttnKernel::WgmmaNoPingpong)
+    p.head_dim == 64 ? launch_wgmma<64, false>(p, stream) : launch_wgmma<128, false>(p, stream);
+  else
+    p.head_dim == 64 ? launch_simple<64>(p, stream) : launch_simple<128>(p, stream);
+}
+
+}  // namespace elastic::cuda

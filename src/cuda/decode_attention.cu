@@ -1,0 +1,186 @@
+// Decode attention: one new query token against each KV head's own cache (split-K, "flash decoding").
+//
+// Grid (Hkv, splits): a CTA takes up to kChunk of the positions its KV head attends to and does all `group` query
+// heads of that KV head at once, so each cached key/value row is read once per split. Full and XAttn heads attend
+// to [0, n_pos); streaming heads to the sink blocks and the local window (streaming_keeps at block granularity),
+// read through the head's slot mapping (sink slots, then a ring). Partials (max, sum, unnormalized output) go to a
+// workspace and a second kernel merges them.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "elastic/cuda.h"
+#include "elastic/cuda_attention.h"
+
+namespace elastic::cuda {
+namespace {
+
+constexpr int kChunk = 256;
+constexpr int kThreads = 128;
+constexpr int kMaxGroup = 16;
+
+struct Kept {  // positions [0, n1) then [s2, n_pos)
+  int n1, s2, n;
+  __device__ int at(int i) const { return i < n1 ? i : s2 + (i - n1); }
+};
+
+__device__ __forceinline__ Kept kept_positions(const DecodeKVHead& hk, int n_pos, int B) {
+  if (hk.mode != 1) return Kept{n_pos, n_pos, n_pos};
+  const int qb = (n_pos - 1) / B;
+  const int n1 = min(hk.sink_blocks * B, n_pos);
+  const int s2 = max(hk.sink_blocks, qb - hk.local_blocks + 1) * B;
+  return Kept{n1, s2, n1 + max(0, n_pos - s2)};
+}
+
+__device__ __forceinline__ int cache_slot(const DecodeKVHead& hk, int j) {
+  return hk.ring_slots == 0 || j < hk.sink_slots ? j : hk.sink_slots + (j - hk.sink_slots) % hk.ring_slots;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads)
+    decode_partial(const __nv_bfloat16* __restrict__ q, const DecodeKVHead* __restrict__ heads, int n_pos, int Hq,
+                   int Hkv, int B, float scale, float* __restrict__ ws) {
+  const int kvh = blockIdx.x, split = blockIdx.y, G = Hq / Hkv;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const DecodeKVHead hk = heads[kvh];
+  const Kept kp = kept_positions(hk, n_pos, B);
+  const int i0 = split * kChunk, n = max(0, min(kChunk, kp.n - i0));
+  __shared__ float sq[kMaxGroup][HD];
+  __shared__ float sp[kMaxGroup][kChunk];
+  __shared__ float sm[kMaxGroup], sl[kMaxGroup];
+  for (int idx = tid; idx < G * HD; idx += kThreads)
+    sq[idx / HD][idx % HD] = __bfloat162float(q[static_cast<size_t>(kvh * G + idx / HD) * HD + idx % HD]);
+  __syncthreads();
+
+  constexpr int kPer = HD / 32;
+  for (int i = warp; i < n; i += kThreads / 32) {
+    const int slot = cache_slot(hk, kp.at(i0 + i));
+    const __nv_bfloat16* kr = reinterpret_cast<const __nv_bfloat16*>(hk.k) + static_cast<size_t>(slot) * HD + lane * kPer;
+    float kv[kPer];
+#pragma unroll
+    for (int e = 0; e < kPer; e += 2) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kr + e));
+      kv[e] = f.x, kv[e + 1] = f.y;
+    }
+    for (int g = 0; g < G; ++g) {
+      float a = 0.f;
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) a += sq[g][lane * kPer + e] * kv[e];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+      if (lane == 0) sp[g][i] = a * scale;
+    }
+  }
+  __syncthreads();
+  for (int g = warp; g < G; g += kThreads / 32) {
+    float mx = -INFINITY;
+    for (int i = lane; i < n; i += 32) mx = fmaxf(mx, sp[g][i]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+    for (int i = lane; i < n; i += 32) {
+      const float e = __expf(sp[g][i] - mx);
+      sp[g][i] = e;
+      sum += e;
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) sm[g] = mx, sl[g] = sum;
+  }
+  __syncthreads();
+  // O partial: thread d accumulates all group heads over this chunk's values.
+  for (int d = tid; d < HD; d += kThreads) {
+    float acc[kMaxGroup];
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) acc[g] = 0.f;
+    for (int i = 0; i < n; ++i) {
+      const int slot = cache_slot(hk, kp.at(i0 + i));
+      const float vv = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(hk.v)[static_cast<size_t>(slot) * HD + d]);
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g)
+        if (g < G) acc[g] += sp[g][i] * vv;
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g)
+      if (g < G) ws[(static_cast<size_t>(split) * Hq + kvh * G + g) * (HD + 2) + d] = acc[g];
+  }
+  if (tid < G) {
+    float* w = ws + (static_cast<size_t>(split) * Hq + kvh * G + tid) * (HD + 2);
+    w[HD] = n > 0 ? sm[tid] : -INFINITY;
+    w[HD + 1] = n > 0 ? sl[tid] : 0.f;
+  }
+}
+
+template <int HD>
+__global__ void decode_combine(const float* __restrict__ ws, int n_splits, int Hq, __nv_bfloat16* __restrict__ out) {
+  const int h = blockIdx.x;
+  float M = -INFINITY;
+  for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ws[(static_cast<size_t>(s) * Hq + h) * (HD + 2) + HD]);
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float o = 0.f, l = 0.f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float* w = ws + (static_cast<size_t>(s) * Hq + h) * (HD + 2);
+      if (w[HD] == -INFINITY) continue;  // split past this head's kept positions
+      const float c = __expf(w[HD] - M);
+      o += w[d] * c;
+      l += w[HD + 1] * c;
+    }
+    out[static_cast<size_t>(h) * HD + d] = __float2bfloat16(o / l);
+  }
+}
+
+void bad(const std::string& what) { throw std::invalid_argument("decode_attention: " + what); }
+
+int n_splits_for(int n_pos) { return (n_pos + kChunk - 1) / kChunk; }
+
+template <int HD>
+void launch(const DecodeParams& p, cudaStream_t stream) {
+  const int splits = n_splits_for(p.n_pos);
+  const float scale = 1.f / std::sqrt(static_cast<float>(HD));
+  decode_partial<HD><<<dim3(p.n_kv_heads, splits), kThreads, 0, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(p.q), p.heads, p.n_pos, p.n_heads, p.n_kv_heads, p.block, scale,
+      p.workspace);
+  ELASTIC_CUDA_CHECK(cudaGetLastError());
+  decode_combine<HD><<<p.n_heads, HD, 0, stream>>>(p.workspace, splits, p.n_heads,
+                                                   reinterpret_cast<__nv_bfloat16*>(p.out));
+  ELASTIC_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void validate_decode_heads(const DecodeKVHead* hh, int n_kv_heads, int block) {
+  for (int h = 0; h < n_kv_heads; ++h) {
+    const DecodeKVHead& x = hh[h];
+    const std::string who = "KV head " + std::to_string(h);
+    if (x.mode < 0 || x.mode > 2) bad(who + ": mode must be 0, 1 or 2");
+    if (!x.k || !x.v) bad(who + ": null cache pointer");
+    if (x.mode == 1 && x.ring_slots > 0 &&
+        (x.sink_slots < x.sink_blocks * block || x.ring_slots < x.local_blocks * block))
+      bad(who + ": streaming cache too small (sink_slots " + std::to_string(x.sink_slots) + " < " +
+          std::to_string(x.sink_blocks * block) + " or ring_slots " + std::to_string(x.ring_slots) + " < " +
+          std::to_string(x.local_blocks * block) + ")");
+    if (x.mode != 1 && x.ring_slots != 0) bad(who + ": a ring cache only fits a streaming head");
+  }
+}
+
+int64_t decode_workspace_floats(int n_heads, int head_dim, int n_pos) {
+  return int64_t(n_splits_for(n_pos)) * n_heads * (head_dim + 2);
+}
+
+void decode_attention(const DecodeParams& p, cudaStream_t stream) {
+  if (!p.q || !p.out || !p.heads || !p.workspace) bad("null q, out, heads or workspace");
+  if (p.n_pos <= 0) bad("n_pos must be > 0 (got " + std::to_string(p.n_pos) + ")");
+  if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads)
+    bad("n_heads must be a positive multiple of n_kv_heads");
+  if (p.n_heads / p.n_kv_heads > kMaxGroup) bad("query heads per KV head must be <= 16");
+  if (p.block != 64 && p.block != 128) bad("block must be 64 or 128");
+  if (p.head_dim == 64)
+    launch<64>(p, stream);
+  else if (p.head_dim == 128)
+    launch<128>(p, stream);
+  else
+    bad("head_dim must be 64 or 128 (got " + std::to_string(p.head_dim) + ")");
+}
+
+}  // namespace elastic::cuda

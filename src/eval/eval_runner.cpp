@@ -1,0 +1,477 @@
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "elastic/eval.h"
+#include "elastic/haystack.h"
+#include "elastic/heatmap_svg.h"
+#include "elastic/json_file.h"
+#include "elastic/scoring.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace elastic {
+
+namespace {
+
+char mode_char(HeadMode m) { return m == HeadMode::Full ? 'F' : m == HeadMode::Streaming ? 'S' : 'X'; }
+
+std::string fmt_omega(double omega) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", omega);
+  return buf;
+}
+
+// One seed per sample index, shared by every method, so all methods see the same prompts.
+uint64_t sample_seed(uint64_t seed, int index) {
+  SplitMix64 r(seed ^ (0xA5A5F00Dull + static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull));
+  return r.next();
+}
+
+std::string fmt_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  char buf[64];
+  const long t = std::lround(s);
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", t);
+  return buf;
+}
+
+// At most ~2 lines a second (and always the last), so logs of long runs stay readable.
+void default_progress(const EvalProgress& p) {
+  static auto last = std::chrono::steady_clock::time_point{};
+  const auto now = std::chrono::steady_clock::now();
+  if (p.done != p.total && now - last < std::chrono::milliseconds(500)) return;
+  last = now;
+  std::fprintf(stderr, "\reval %d/%d | %s | %s | %d tok | %.2f samples/s | eta %s      ", p.done, p.total,
+               p.method.c_str(), p.task.c_str(), p.length, p.rate, fmt_duration(p.eta_s).c_str());
+  if (p.done == p.total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+TaskSpec spec_for(const EvalOptions& o, int32_t vocab, const std::string& task) {
+  TaskSpec spec;
+  spec.name = task;
+  spec.haystack_file = o.haystack_file;
+  spec.code_corpus = o.code_corpus;
+  spec.chat = o.chat;
+  spec.vocab = vocab;
+  return spec;
+}
+
+json run_config(const EvalOptions& o, const Tokenizer* tok) {
+  return json{{"seed", o.seed},           {"haystack", o.haystack_file}, {"code_corpus", o.code_corpus},
+              {"model", o.model_id},      {"tokenizer", tok != nullptr}, {"chat_template", static_cast<bool>(o.chat)}};
+}
+
+}  // namespace
+
+Method method_fixed(const std::string& name, const RoutingTable& r) {
+  Method me;
+  me.name = name;
+  me.route = [r](const Model&, const std::vector<int32_t>&) { return r; };
+  return me;
+}
+
+Method method_uniform(const std::string& name, HeadMode mode, const SparseSettings& s) {
+  Method me;
+  me.name = name;
+  me.route = [mode, s](const Model& m, const std::vector<int32_t>&) {
+    RoutingTable r = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, mode);
+    r.sparse = s;
+    return r;
+  };
+  return me;
+}
+
+Method method_static(double omega, const HeadScores& scores, HeadMode sparse_mode) {
+  return method_fixed("static@" + fmt_omega(omega), static_routing(scores, omega, sparse_mode));
+}
+
+const std::vector<std::string>& builtin_method_names() {
+  static const std::vector<std::string> v = {"full", "ssa", "xattn", "static@0.5", "static@0.7", "static@0.9"};
+  return v;
+}
+
+Method builtin_method(const std::string& name, const Model& m, const HeadScores* scores) {
+  if (name == "full") return method_uniform(name, HeadMode::Full);
+  if (name == "ssa") return method_uniform(name, HeadMode::Streaming);
+  if (name == "xattn") return method_uniform(name, HeadMode::XAttn);
+  if (name.rfind("static@", 0) == 0) {
+    const std::string v = name.substr(7);
+    char* end = nullptr;
+    const double omega = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(omega >= 0.0 && omega <= 1.0))
+      throw std::runtime_error("method '" + name + "': static@<omega> needs omega in [0, 1]");
+    if (!scores) throw std::runtime_error("method '" + name + "' needs retrieval head scores (--scores heads.json)");
+    if (scores->n_layers != m.config.n_layers || scores->n_kv_heads != m.config.n_kv_heads)
+      throw std::runtime_error("method '" + name + "': head scores do not match the model's layers x KV heads");
+    Method me = method_static(omega, *scores);
+    me.name = name;
+    return me;
+  }
+  std::string all;
+  for (const auto& n : builtin_method_names()) all += (all.empty() ? "" : ", ") + n;
+  throw std::runtime_error("unknown method '" + name + "' (built-ins: " + all + "; router methods need --router)");
+}
+
+Method method_router(const std::string& name, std::shared_ptr<const PromptRouter> router) {
+  if (!router) throw std::runtime_error("method '" + name + "': no router");
+  Method me;
+  me.name = name;
+  me.router = std::move(router);
+  return me;
+}
+
+std::string SampleResult::key() const {
+  return method + "|" + task + "|" + std::to_string(length) + "|" + std::to_string(sample);
+}
+
+json SampleResult::to_json() const {
+  json j = {{"method", method},   {"task", task},     {"class", task_class}, {"metric", metric},
+            {"length", length},   {"sample", sample}, {"score", score},      {"msr", msr},
+            {"esr", esr},         {"flops", flops},   {"wall_s", wall_s},    {"prefill_s", prefill_s},
+            {"decode_s", decode_s}, {"new_tokens", new_tokens}, {"modes", modes}, {"n_layers", n_layers},
+            {"n_kv_heads", n_kv_heads}};
+  if (metric == "likelihood") {
+    j["logprob"] = logprob;
+    j["greedy_acc"] = greedy_acc;
+  } else {
+    j["prediction"] = prediction;
+    j["prediction_ids"] = prediction_ids;
+  }
+  return j;
+}
+
+SampleResult SampleResult::from_json(const json& j, const std::string& where) {
+  if (!j.is_object()) throw std::runtime_error(where + ": result must be a JSON object");
+  SampleResult r;
+  auto need = [&](const char* k) -> const json& {
+    if (!j.contains(k)) throw std::runtime_error(where + ": missing '" + k + "'");
+    return j[k];
+  };
+  try {
+    r.method = need("method").get<std::string>();
+    r.task = need("task").get<std::string>();
+    r.task_class = need("class").get<std::string>();
+    r.metric = need("metric").get<std::string>();
+    r.length = need("length").get<int>();
+    r.sample = need("sample").get<int>();
+    r.score = need("score").get<double>();
+    r.msr = need("msr").get<double>();
+    r.esr = need("esr").get<double>();
+    r.flops = need("flops").get<double>();
+    r.wall_s = need("wall_s").get<double>();
+    r.prefill_s = j.value("prefill_s", 0.0);
+    r.decode_s = j.value("decode_s", 0.0);
+    r.new_tokens = j.value("new_tokens", 0);
+    r.modes = j.value("modes", std::string());
+    r.n_layers = j.value("n_layers", 0);
+    r.n_kv_heads = j.value("n_kv_heads", 0);
+    r.logprob = j.value("logprob", 0.0);
+    r.greedy_acc = j.value("greedy_acc", 0.0);
+    r.prediction = j.value("prediction", std::string());
+    if (j.contains("prediction_ids")) r.prediction_ids = j["prediction_ids"].get<std::vector<int32_t>>();
+  } catch (const json::exception& e) {
+    throw std::runtime_error(where + ": bad field: " + e.what());
+  }
+  return r;
+}
+
+SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& s, const RoutingTable* r,
+                        int prefill_chunk) {
+  using clock = std::chrono::steady_clock;
+  const ModelConfig& c = m.config;
+  if (!r && !m.router) throw std::runtime_error("eval: no routing given and the model has no router");
+  if (r && (r->n_layers != c.n_layers || r->n_kv_heads != c.n_kv_heads ||
+            r->mode.size() != static_cast<size_t>(c.n_layers) * c.n_kv_heads))
+    throw std::runtime_error("routing table is " + std::to_string(r->n_layers) + " x " + std::to_string(r->n_kv_heads) +
+                             ", the model has " + std::to_string(c.n_layers) + " x " + std::to_string(c.n_kv_heads));
+  const int T = static_cast<int>(s.prompt_ids.size());
+  SampleResult out;
+  out.task = s.task;
+  out.task_class = s.task_class;
+  out.metric = task_metric_name(s.metric);
+  out.length = T;
+  RoutingTable used = r ? *r : RoutingTable{};
+  AttentionStats st;
+  const auto t0 = clock::now();
+  if (s.metric == TaskMetric::Likelihood) {
+    const LikelihoodScore ls = reference_likelihood(m, s.prompt_ids, s.reference_ids, r, &st, prefill_chunk, &used);
+    out.logprob = ls.mean_logprob;
+    out.greedy_acc = ls.greedy_acc;
+    out.score = ls.score();
+    out.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
+  } else {
+    // Generation budget: the task's, cut to what the model's context leaves.
+    const int room = c.max_positions > 0 ? c.max_positions - T + 1 : s.max_new_tokens;
+    const int n_new = std::min(s.max_new_tokens, room);
+    if (n_new < 1)
+      throw std::runtime_error(s.task + ": a " + std::to_string(T) + "-token prompt leaves no room to generate in the model's " +
+                               std::to_string(c.max_positions) + "-token context");
+    KVCache cache;
+    if (r) cache.init(c, T + n_new - 1, r);
+    else cache.init_deferred(c, T + n_new - 1);  // routed prefill: each layer is sized once the router decides
+    std::vector<float> logits;
+    m.prefill(s.prompt_ids.data(), T, prefill_chunk, cache, logits, false, &st, r);
+    if (!r) used = cache.routing;
+    const auto t1 = clock::now();
+    Sampler greedy(SamplerParams{});
+    for (int i = 0; i < n_new; ++i) {
+      int32_t id = greedy.sample(logits.data(), c.vocab);
+      if (std::find(c.eos_ids.begin(), c.eos_ids.end(), id) != c.eos_ids.end()) break;
+      out.prediction_ids.push_back(id);
+      if (i + 1 == n_new) break;
+      m.forward(&id, 1, cache, logits, false, &st, nullptr, false, &used);
+    }
+    const auto t2 = clock::now();
+    out.prefill_s = std::chrono::duration<double>(t1 - t0).count();
+    out.decode_s = std::chrono::duration<double>(t2 - t1).count();
+    out.new_tokens = static_cast<int>(out.prediction_ids.size());
+    if (tok) {
+      out.prediction = tok->decode(out.prediction_ids);
+      out.score = 100.0 * (s.metric == TaskMetric::MatchAll ? string_match_all(out.prediction, s.answers)
+                                                            : string_match_part(out.prediction, s.answers));
+    } else {
+      out.score = 100.0 * (s.metric == TaskMetric::MatchAll ? ids_match_all(out.prediction_ids, s.answer_ids)
+                                                            : ids_match_part(out.prediction_ids, s.answer_ids));
+    }
+  }
+  out.wall_s = std::chrono::duration<double>(clock::now() - t0).count();
+  out.n_layers = used.n_layers;
+  out.n_kv_heads = used.n_kv_heads;
+  for (HeadMode md : used.mode) out.modes += mode_char(md);
+  out.msr = used.msr();
+  out.esr = st.esr();
+  out.flops = st.flops_ratio();
+  return out;
+}
+
+std::vector<SampleResult> load_results(const std::string& path) {
+  std::vector<SampleResult> out;
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return out;
+  const std::string text((std::istreambuf_iterator<char>(f)), {});
+  f.close();
+  size_t pos = 0, good_end = 0;
+  int line = 0;
+  while (pos < text.size()) {
+    const size_t nl = text.find('\n', pos);
+    ++line;
+    if (nl == std::string::npos) break;  // torn tail: no newline, written by a killed run
+    const std::string l = text.substr(pos, nl - pos);
+    if (!l.empty()) {
+      json j;
+      try {
+        j = json::parse(l);
+      } catch (const json::exception& e) {
+        throw std::runtime_error(path + ":" + std::to_string(line) + ": malformed JSON: " + e.what());
+      }
+      out.push_back(SampleResult::from_json(j, path + ":" + std::to_string(line)));
+    }
+    pos = nl + 1;
+    good_end = pos;
+  }
+  if (good_end < text.size()) fs::resize_file(path, good_end);  // drop the torn line so appends stay well-formed
+  return out;
+}
+
+HeadScores eval_head_scores(const Model& m, const Tokenizer* tok, const std::string& scores_path, const EvalOptions& o) {
+  const ModelConfig& c = m.config;
+  if (!scores_path.empty()) return load_head_scores(scores_path, c.n_layers, c.n_kv_heads);
+  if (o.out_dir.empty()) throw std::runtime_error("eval: an output folder is needed to save probed head scores");
+  const fs::path saved = fs::path(o.out_dir) / "heads.json";
+  if (fs::exists(saved)) return load_head_scores(saved.string(), c.n_layers, c.n_kv_heads);
+  ProbeOptions po;
+  po.haystack_file = o.haystack_file;
+  po.context = 4096;
+  for (int L : o.lengths) po.context = std::min(po.context, L);
+  if (c.max_positions > 0) po.context = std::min(po.context, c.max_positions);
+  po.n_depths = 5;
+  po.seed = o.seed;
+  std::fprintf(stderr, "eval: probing retrieval heads (%d-token prompts) for static routing\n", po.context);
+  HeadScores hs = probe_retrieval_heads(m, tok, po);
+  fs::create_directories(o.out_dir);
+  save_head_scores(hs, saved.string());
+  write_heatmap_svg((fs::path(o.out_dir) / "heads.svg").string(), hs.score, hs.n_layers, hs.n_kv_heads,
+                    "Retrieval score per (layer, KV head)", "layer", "KV head");
+  return hs;
+}
+
+void check_eval_options(const Model& m, const Tokenizer* tok, const std::vector<Method>& methods, const EvalOptions& o) {
+  const ModelConfig& c = m.config;
+  if (o.out_dir.empty()) throw std::runtime_error("eval: no output folder (-o)");
+  if (methods.empty()) throw std::runtime_error("eval: no methods to run");
+  std::set<std::string> names;
+  for (const Method& me : methods) {
+    if (me.name.empty() || me.name.find('|') != std::string::npos)
+      throw std::runtime_error("eval: method names must be non-empty and free of '|' (got '" + me.name + "')");
+    if (!names.insert(me.name).second) throw std::runtime_error("eval: method '" + me.name + "' given twice");
+    if (!me.route && !me.router) throw std::runtime_error("eval: method '" + me.name + "' has neither a routing function nor a router");
+  }
+  std::vector<std::string> tasks = o.tasks.empty() ? ruler_task_names() : o.tasks;
+  for (const std::string& t : tasks)
+    if (!is_task_name(t)) {
+      TaskSpec bad;
+      bad.name = t;
+      (void)make_sample(bad, tok, 1, 0);  // throws the unknown-task message listing the tasks
+    }
+  if (o.lengths.empty()) throw std::runtime_error("eval: no lengths given");
+  for (int L : o.lengths) {
+    if (L <= 0) throw std::runtime_error("eval: lengths must be positive (got " + std::to_string(L) + ")");
+    if (c.max_positions > 0 && L > c.max_positions)
+      throw std::runtime_error("eval: length " + std::to_string(L) + " exceeds the model's " +
+                               std::to_string(c.max_positions) + "-token context");
+  }
+  if (o.samples < 1) throw std::runtime_error("eval: --samples must be >= 1");
+
+  // Pre-flight: every (task, length) must be buildable and fit the model, so bad options fail before hours of work.
+  for (const std::string& task : tasks)
+    for (int L : o.lengths) {
+      const TaskSample s = make_sample(spec_for(o, c.vocab, task), tok, L, sample_seed(o.seed, 0));
+      if (s.metric == TaskMetric::Likelihood && c.max_positions > 0 &&
+          L + static_cast<int>(s.reference_ids.size()) - 1 > c.max_positions)
+        throw std::runtime_error("eval: " + task + " at length " + std::to_string(L) + " needs " +
+                                 std::to_string(s.reference_ids.size() - 1) + " more positions for its reference than the model's " +
+                                 std::to_string(c.max_positions) + "-token context has");
+    }
+}
+
+EvalSummary run_eval(Model& m, const Tokenizer* tok, const std::vector<Method>& methods, const EvalOptions& o) {
+  check_eval_options(m, tok, methods, o);
+  const ModelConfig& c = m.config;
+  const std::vector<std::string> tasks = o.tasks.empty() ? ruler_task_names() : o.tasks;
+  fs::create_directories(o.out_dir);
+  const fs::path cfg_path = fs::path(o.out_dir) / "run.json";
+  const json cfg = run_config(o, tok);
+  if (fs::exists(cfg_path)) {
+    const json old = read_json_file(cfg_path.string(), "eval run config");
+    for (auto it = cfg.begin(); it != cfg.end(); ++it)
+      if (!old.contains(it.key()) || old[it.key()] != it.value())
+        throw std::runtime_error(cfg_path.string() + ": this folder holds results of a run with another " + it.key() +
+                                 " (" + (old.contains(it.key()) ? old[it.key()].dump() : "none") + ", now " +
+                                 it.value().dump() + "): use another output folder");
+  } else {
+    std::ofstream f(cfg_path);
+    f << cfg.dump(1) << "\n";
+    if (!f) throw std::runtime_error(cfg_path.string() + ": cannot write");
+  }
+
+  const std::string jsonl = (fs::path(o.out_dir) / "results.jsonl").string();
+  std::vector<SampleResult> results = load_results(jsonl);
+  std::set<std::string> have;
+  for (const SampleResult& r : results) have.insert(r.key());
+  std::ofstream out(jsonl, std::ios::app | std::ios::binary);
+  if (!out) throw std::runtime_error(jsonl + ": cannot open for appending");
+
+  const int total = static_cast<int>(methods.size() * tasks.size() * o.lengths.size()) * o.samples;
+  EvalProgress p;
+  p.total = total;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto& report = o.progress ? o.progress : std::function<void(const EvalProgress&)>(default_progress);
+  for (const std::string& task : tasks) {
+    const TaskSpec spec = spec_for(o, c.vocab, task);
+    for (int L : o.lengths) {
+      for (int i = 0; i < o.samples; ++i) {
+        auto key_of = [&](const Method& me) { return me.name + "|" + task + "|" + std::to_string(L) + "|" + std::to_string(i); };
+        bool all_done = true;
+        for (const Method& me : methods) all_done = all_done && have.count(key_of(me));
+        if (all_done) {
+          p.done += static_cast<int>(methods.size());
+          continue;
+        }
+        const TaskSample s = make_sample(spec, tok, L, sample_seed(o.seed, i));
+        for (const Method& me : methods) {
+          if (have.count(key_of(me))) {
+            ++p.done;
+            continue;
+          }
+          SampleResult r;
+          if (me.router) {
+            // The router routes inside the prefill; the model's own router is put back afterwards, also on errors.
+            struct Restore {
+              Model& m;
+              std::shared_ptr<const PromptRouter> saved;
+              ~Restore() { m.router = saved; }
+            } restore{m, m.router};
+            m.router = me.router;
+            r = run_sample(m, tok, s, nullptr, o.prefill_chunk);
+          } else {
+            const RoutingTable table = me.route(m, s.prompt_ids);
+            r = run_sample(m, tok, s, &table, o.prefill_chunk);
+          }
+          r.method = me.name;
+          r.sample = i;
+          r.length = L;
+          // Predictions can end inside a multi-byte character: invalid UTF-8 is written as U+FFFD, not refused.
+          out << r.to_json().dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+          out.flush();  // one line per finished sample: a killed run loses at most the sample in flight
+          if (!out) throw std::runtime_error(jsonl + ": write failed");
+          have.insert(r.key());
+          results.push_back(std::move(r));
+          ++p.done;
+          ++p.computed;
+          p.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          p.rate = p.computed / std::max(p.elapsed_s, 1e-9);
+          p.eta_s = (total - p.done) / std::max(p.rate, 1e-9);
+          p.method = me.name;
+          p.task = task;
+          p.length = L;
+          report(p);
+        }
+      }
+    }
+  }
+  if (p.computed == 0) {
+    p.method = "-";
+    p.task = "-";
+    report(p);  // everything was already done: still tell the user
+  }
+  std::vector<std::string> mnames;
+  for (const Method& me : methods) mnames.push_back(me.name);
+  // Summarize the requested grid only: a folder may also hold more samples from an earlier, larger run.
+  std::vector<SampleResult> grid;
+  for (SampleResult& r : results)
+    if (r.sample < o.samples) grid.push_back(std::move(r));
+  return summarize(grid, mnames, tasks, o.lengths);
+}
+
+std::vector<int> parse_lengths(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::string t;
+    for (char ch : item)
+      if (!std::isspace(static_cast<unsigned char>(ch))) t += ch;
+    if (t.empty()) throw std::runtime_error("lengths '" + s + "': empty entry");
+    long long mult = 1;
+    if (t.back() == 'k' || t.back() == 'K') {
+      mult = 1024;
+      t.pop_back();
+    }
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != t.size() || t.empty() || v <= 0 || v * mult > (1 << 24))
+      throw std::runtime_error("lengths '" + s + "': bad entry '" + item + "' (use e.g. 4k,8k or 4096)");
+    out.push_back(static_cast<int>(v * mult));
+  }
+  if (out.empty()) throw std::runtime_error("lengths: none given");
+  return out;
+}
+
+}  // namespace elastic

@@ -1,0 +1,399 @@
+// GPU tests (label gpu, run on the GPU machine): fused hybrid attention forward, XAttention estimation and decode
+// attention against the CPU reference (src/attention/attention.cpp) on fresh random bf16 inputs; outputs are
+// poisoned with NaN before every launch.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "elastic/attention.h"
+#include "elastic/cuda.h"
+#include "elastic/cuda_attention.h"
+
+using namespace elastic;
+
+namespace {
+
+uint16_t to_bf16(float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+float from_bf16(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+constexpr uint16_t kNaNBf16 = 0x7fc0;
+
+template <class T>
+struct Dev {  // device buffer freed on scope exit
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) { ELASTIC_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T))); }
+  Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
+  ~Dev() { cudaFree(p); }
+  void up(const std::vector<T>& h) { ELASTIC_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> down() const {
+    std::vector<T> h(n);
+    ELASTIC_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float sd) {
+  std::normal_distribution<float> N(0.f, sd);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = to_bf16(N(rng));
+  return v;
+}
+
+struct Case {
+  int T, pos0, Hq, Hkv, hd, block, sink, local;
+  std::vector<HeadMode> modes;  // [Hkv]
+  float q_sd = 1.f;
+};
+
+// Runs one prefill case on CPU and GPU and compares out and lse.
+void run_prefill_case_with(const Case& c, cuda::AttnKernel kernel) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(std::random_device{}());
+  const int n_pos = c.pos0 + c.T, hd = c.hd, B = c.block, nb = (n_pos + B - 1) / B, group = c.Hq / c.Hkv;
+  auto q = random_bf16(size_t(c.T) * c.Hq * hd, rng, c.q_sd);
+  auto k = random_bf16(size_t(n_pos) * c.Hkv * hd, rng, 1.f);
+  auto v = random_bf16(size_t(n_pos) * c.Hkv * hd, rng, 1.f);
+
+  // CPU reference on the bf16-rounded values.
+  std::vector<float> qf(q.size()), out_ref(q.size());
+  for (size_t i = 0; i < q.size(); ++i) qf[i] = from_bf16(q[i]);
+  std::vector<std::vector<float>> kh(c.Hkv), vh(c.Hkv);  // per KV head [n_pos, hd]
+  std::vector<HeadKV> kv(c.Hkv);
+  for (int h = 0; h < c.Hkv; ++h) {
+    kh[h].resize(size_t(n_pos) * hd);
+    vh[h].resize(size_t(n_pos) * hd);
+    for (int j = 0; j < n_pos; ++j)
+      for (int d = 0; d < hd; ++d) {
+        kh[h][size_t(j) * hd + d] = from_bf16(k[(size_t(j) * c.Hkv + h) * hd + d]);
+        vh[h][size_t(j) * hd + d] = from_bf16(v[(size_t(j) * c.Hkv + h) * hd + d]);
+      }
+    kv[h].k_cache = kh[h].data();
+    kv[h].v_cache = vh[h].data();
+    kv[h].k_new = kh[h].data() + size_t(c.pos0) * hd;
+    kv[h].v_new = vh[h].data() + size_t(c.pos0) * hd;
+    kv[h].new_stride = kv[h].hd = hd;
+    kv[h].pos0 = c.pos0;
+  }
+  SparseSettings sp;
+  sp.block = B;
+  sp.sink = c.sink;
+  sp.local = c.local;
+  sp.xattn.block = B;
+  AttentionArgs a;
+  a.q = qf.data();
+  a.kv = kv.data();
+  a.out = out_ref.data();
+  a.T = c.T, a.pos0 = c.pos0, a.n_heads = c.Hq, a.n_kv_heads = c.Hkv, a.head_dim = hd;
+  a.modes = c.modes.data();
+  a.sparse = &sp;
+  attention_forward(a);
+
+  // The same XAttention masks the CPU used (query rows before pos0 zero), as compact lists for the GPU.
+  const bool xsel = c.pos0 % B == 0;
+  std::vector<BlockMask> masks(c.Hq);
+  std::vector<int32_t> blocks, offsets(size_t(c.Hq) * nb, 0), counts(size_t(c.Hq) * nb, 0);
+  for (int h = 0; h < c.Hq; ++h) {
+    if (c.modes[h / group] != HeadMode::XAttn || !xsel) continue;
+    std::vector<float> qh(size_t(n_pos) * hd, 0.f);
+    for (int t = 0; t < c.T; ++t)
+      for (int d = 0; d < hd; ++d) qh[size_t(c.pos0 + t) * hd + d] = qf[(size_t(t) * c.Hq + h) * hd + d];
+    masks[h] = xattn_select(qh.data(), kh[h / group].data(), n_pos, hd, sp.xattn);
+    for (int qb = 0; qb < nb; ++qb) {
+      offsets[size_t(h) * nb + qb] = static_cast<int32_t>(blocks.size());
+      for (int kb = 0; kb <= qb; ++kb)
+        if (masks[h].at(qb, kb)) blocks.push_back(kb);
+      counts[size_t(h) * nb + qb] = static_cast<int32_t>(blocks.size()) - offsets[size_t(h) * nb + qb];
+    }
+  }
+  auto keep = [&](int h, int qb, int kb) {
+    switch (c.modes[h / group]) {
+      case HeadMode::Full: return true;
+      case HeadMode::Streaming: return streaming_keeps(qb, kb, sp);
+      case HeadMode::XAttn: return !xsel || masks[h].at(qb, kb);
+    }
+    return true;
+  };
+  // CPU log-sum-exp (double) over the same keys.
+  const double scale = 1.0 / std::sqrt(double(hd));
+  std::vector<double> lse_ref(size_t(c.Hq) * c.T);
+  for (int h = 0; h < c.Hq; ++h)
+    for (int t = 0; t < c.T; ++t) {
+      const int p = c.pos0 + t, qb = p / B;
+      std::vector<double> s;
+      for (int j = 0; j <= p; ++j) {
+        if (!keep(h, qb, j / B)) continue;
+        double d = 0;
+        for (int e = 0; e < hd; ++e) d += double(qf[(size_t(t) * c.Hq + h) * hd + e]) * kh[h / group][size_t(j) * hd + e];
+        s.push_back(d * scale);
+      }
+      const double mx = *std::max_element(s.begin(), s.end());
+      double sum = 0;
+      for (double x : s) sum += std::exp(x - mx);
+      lse_ref[size_t(h) * c.T + t] = mx + std::log(sum);
+    }
+
+  // GPU.
+  std::vector<cuda::KVHeadMeta> meta(c.Hkv);
+  for (int h = 0; h < c.Hkv; ++h) meta[h] = cuda::make_kv_head_meta(static_cast<int>(c.modes[h]), c.sink, c.local, B);
+  Dev<uint16_t> dq(q), dk(k), dv(v), dout(std::vector<uint16_t>(q.size(), kNaNBf16));
+  Dev<float> dlse(std::vector<float>(size_t(c.Hq) * c.T, NAN));
+  Dev<cuda::KVHeadMeta> dmeta(meta);
+  Dev<int32_t> dblocks(blocks.empty() ? std::vector<int32_t>{0} : blocks), doff(offsets), dcnt(counts);
+  cuda::HybridAttnParams p;
+  p.q = dq.p, p.k = dk.p, p.v = dv.p, p.out = dout.p, p.lse = dlse.p;
+  p.T = c.T, p.pos0 = c.pos0, p.n_heads = c.Hq, p.n_kv_heads = c.Hkv, p.head_dim = hd, p.block = B;
+  p.meta = dmeta.p;
+  if (xsel) p.xattn = {dblocks.p, doff.p, dcnt.p};
+  p.kernel = kernel;
+  cuda::hybrid_attention_fwd(p, nullptr);
+  ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto out = dout.down();
+  const auto lse = dlse.down();
+
+  double err2 = 0, ref2 = 0, lse_err = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double g = from_bf16(out[i]), r = out_ref[i];
+    if (!std::isfinite(g)) ++bad;
+    err2 += (g - r) * (g - r);
+    ref2 += r * r;
+  }
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (!std::isfinite(lse[i])) ++bad;
+    lse_err = std::max(lse_err, std::abs(double(lse[i]) - lse_ref[i]));
+  }
+  const char* kname = kernel == cuda::AttnKernel::Wgmma             ? "wgmma"
+                      : kernel == cuda::AttnKernel::WgmmaNoPingpong ? "wgmma-no-pingpong"
+                                                                    : "simple";
+  EXPECT_EQ(bad, 0u) << kname << ": unwritten or non-finite outputs";
+  EXPECT_LT(std::sqrt(err2 / ref2), 1e-2) << kname << ": relative L2 error of out";
+  EXPECT_LT(lse_err, 2e-2) << kname << ": max |lse - cpu lse|";
+}
+
+// Every case through the simple kernel, and through both wgmma variants where the GQA group is even (fresh inputs).
+void run_prefill_case(const Case& c) {
+  run_prefill_case_with(c, cuda::AttnKernel::Simple);
+  if ((c.Hq / c.Hkv) % 2 == 0) {
+    run_prefill_case_with(c, cuda::AttnKernel::Wgmma);
+    run_prefill_case_with(c, cuda::AttnKernel::WgmmaNoPingpong);
+  }
+}
+
+const auto F = HeadMode::Full, S = HeadMode::Streaming, X = HeadMode::XAttn;
+
+}  // namespace
+
+TEST(CudaHybridAttention, FullGqa4Hd128) { run_prefill_case({333, 0, 8, 2, 128, 64, 128, 256, {F, F}}); }
+TEST(CudaHybridAttention, MixedRoutingHd128Block64) {
+  run_prefill_case({700, 0, 16, 4, 128, 64, 64, 128, {F, S, X, S}, 2.f});
+}
+TEST(CudaHybridAttention, MixedRoutingHd64Group1Block128) {
+  run_prefill_case({517, 0, 4, 4, 64, 128, 100, 200, {S, X, F, X}, 2.f});
+}
+TEST(CudaHybridAttention, FullGqa2Hd64Long) { run_prefill_case({1500, 0, 4, 2, 64, 64, 128, 256, {F, F}}); }
+TEST(CudaHybridAttention, AllStreamingNoSink) { run_prefill_case({450, 0, 8, 2, 64, 64, 0, 64, {S, S}}); }
+TEST(CudaHybridAttention, ChunkedPrefillAligned) {
+  run_prefill_case({300, 256, 8, 2, 128, 64, 64, 128, {X, S}, 2.f});
+}
+TEST(CudaHybridAttention, ChunkedPrefillBlock128Gqa2) {
+  run_prefill_case({600, 128, 8, 4, 128, 128, 100, 300, {X, S, F, X}, 2.f});
+}
+TEST(CudaHybridAttention, ChunkedPrefillUnaligned) {
+  run_prefill_case({133, 300, 8, 2, 64, 64, 64, 128, {S, X}, 1.f});
+}
+
+TEST(CudaHybridAttention, RejectsBadShapes) {
+  cuda::HybridAttnParams p;
+  EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);
+  uint16_t dummy = 0;
+  cuda::KVHeadMeta m;
+  p.q = p.k = p.v = &dummy;
+  p.out = &dummy;
+  p.meta = &m;
+  p.T = 8, p.n_heads = 4, p.n_kv_heads = 2, p.head_dim = 96;
+  EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);  // head_dim 96
+  p.head_dim = 64, p.n_kv_heads = 3;
+  EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);  // 4 % 3
+  p.n_kv_heads = 4, p.kernel = cuda::AttnKernel::Wgmma;
+  EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);  // group 1: no wgmma kernel
+  EXPECT_THROW(cuda::make_kv_head_meta(1, 64, 64, 32), std::invalid_argument);  // block 32
+}
+
+// GPU estimation vs xattn_select: block masses and selected masks, then attention with the GPU lists.
+TEST(CudaXAttnEstimate, MatchesCpuSelection) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(std::random_device{}());
+  for (const int hd : {64, 128})
+    for (const int pos0 : {0, 256}) {
+      const int T = 1000 - pos0 / 2, Hq = 4, Hkv = 2, B = 64, n_pos = pos0 + T, nb = (n_pos + B - 1) / B;
+      auto q = random_bf16(size_t(T) * Hq * hd, rng, 2.f);
+      auto k = random_bf16(size_t(n_pos) * Hkv * hd, rng, 1.f);
+      std::vector<cuda::KVHeadMeta> meta{cuda::make_kv_head_meta(2, 0, 0, B), cuda::make_kv_head_meta(0, 0, 0, B)};
+      Dev<uint16_t> dq(q), dk(k);
+      Dev<cuda::KVHeadMeta> dmeta(meta);
+      Dev<int32_t> dblocks(cuda::xattn_list_capacity(Hq, nb)), doff(size_t(Hq) * nb), dcnt(size_t(Hq) * nb);
+      Dev<float> dbs(std::vector<float>(size_t(Hq) * nb * nb, NAN));
+      cuda::XAttnEstimateParams e;
+      e.q = dq.p, e.k = dk.p, e.T = T, e.pos0 = pos0, e.n_heads = Hq, e.n_kv_heads = Hkv, e.head_dim = hd;
+      e.block = B, e.stride = 16, e.tau = 0.9f, e.meta = dmeta.p;
+      e.blocks = dblocks.p, e.offsets = doff.p, e.counts = dcnt.p, e.block_scores = dbs.p;
+      cuda::xattn_estimate_cuda(e, nullptr);
+      ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto blocks = dblocks.down(), off = doff.down(), cnt = dcnt.down();
+      const auto bs = dbs.down();
+      XAttnParams xp;
+      xp.block = B;
+      long mism = 0, total = 0;
+      double bs_err = 0;
+      for (int h = 0; h < Hq; ++h) {
+        std::vector<float> qh(size_t(n_pos) * hd, 0.f), kh(size_t(n_pos) * hd);
+        for (int t = 0; t < T; ++t)
+          for (int d = 0; d < hd; ++d) qh[size_t(pos0 + t) * hd + d] = from_bf16(q[(size_t(t) * Hq + h) * hd + d]);
+        for (int j = 0; j < n_pos; ++j)
+          for (int d = 0; d < hd; ++d) kh[size_t(j) * hd + d] = from_bf16(k[(size_t(j) * Hkv + h / 2) * hd + d]);
+        const BlockMask ref = xattn_select(qh.data(), kh.data(), n_pos, hd, xp);
+        for (int qb = pos0 / B; qb < nb; ++qb) {
+          const size_t r = size_t(h) * nb + qb;
+          if (h / 2 != 0) {  // a Full-routed KV head gets no lists
+            EXPECT_EQ(cnt[r], 0);
+            continue;
+          }
+          std::vector<uint8_t> got(qb + 1, 0);
+          ASSERT_GE(cnt[r], 1);
+          for (int i = 0; i < cnt[r]; ++i) {
+            const int kb = blocks[off[r] + i];
+            ASSERT_TRUE(kb >= 0 && kb <= qb);
+            if (i > 0) ASSERT_GT(kb, blocks[off[r] + i - 1]);  // ascending
+            got[kb] = 1;
+          }
+          EXPECT_EQ(blocks[off[r] + cnt[r] - 1], qb);
+          EXPECT_EQ(blocks[off[r]], 0);
+          for (int kb = 0; kb <= qb; ++kb) {
+            mism += got[kb] != ref.at(qb, kb);
+            ++total;
+            EXPECT_TRUE(std::isfinite(bs[r * nb + kb]));
+          }
+          // Masses: recompute the CPU block masses is internal to xattn_select; check they sum to rows (B/S each).
+          double sum = 0;
+          for (int kb = 0; kb <= qb; ++kb) sum += bs[r * nb + kb];
+          const int rows = std::min((n_pos + 15) / 16, (qb + 1) * (B / 16)) - qb * (B / 16);
+          bs_err = std::max(bs_err, std::abs(sum - rows));
+        }
+      }
+      EXPECT_LE(mism, std::max<long>(2, total / 200)) << "hd " << hd << " pos0 " << pos0 << ": " << mism << " of "
+                                                      << total << " blocks differ from xattn_select";
+      EXPECT_LT(bs_err, 1e-3);
+    }
+}
+
+TEST(CudaXAttnEstimate, RejectsUnalignedChunk) {
+  cuda::XAttnEstimateParams e;
+  uint16_t d = 0;
+  int32_t i = 0;
+  cuda::KVHeadMeta m;
+  e.q = e.k = &d, e.meta = &m, e.blocks = e.offsets = e.counts = &i;
+  e.T = 10, e.pos0 = 30, e.n_heads = 2, e.n_kv_heads = 1, e.head_dim = 64;
+  EXPECT_THROW(cuda::xattn_estimate_cuda(e, nullptr), std::invalid_argument);
+}
+
+// Decode with per-head caches: full heads hold every position, streaming heads sink slots + a ring.
+TEST(CudaDecodeAttention, RingCacheMatchesCpu) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(std::random_device{}());
+  struct DCase { int n_pos, Hq, Hkv, hd, B, sink, local; std::vector<HeadMode> modes; };
+  for (const DCase& c : {DCase{1000, 8, 2, 128, 64, 64, 128, {F, S}}, DCase{777, 4, 4, 64, 128, 100, 300, {S, X, F, S}},
+                         DCase{5000, 32, 8, 128, 64, 128, 2048, {S, S, F, S, X, S, S, F}}}) {
+    const int hd = c.hd, p = c.n_pos - 1;
+    SparseSettings sp;
+    sp.block = c.B, sp.sink = c.sink, sp.local = c.local;
+    auto q = random_bf16(size_t(c.Hq) * hd, rng, 1.f);
+    std::vector<cuda::DecodeKVHead> heads(c.Hkv);
+    std::vector<std::vector<uint16_t>> kc(c.Hkv), vc(c.Hkv);
+    std::vector<std::vector<float>> kcf(c.Hkv), vcf(c.Hkv), knew(c.Hkv), vnew(c.Hkv);
+    std::vector<HeadKV> kv(c.Hkv);
+    for (int h = 0; h < c.Hkv; ++h) {
+      const auto m = cuda::make_kv_head_meta(static_cast<int>(c.modes[h]), c.sink, c.local, c.B);
+      HeadKV& x = kv[h];
+      if (c.modes[h] == S) x.sink_slots = m.sink_blocks * c.B, x.ring_slots = m.local_blocks * c.B;
+      const int slots = x.ring_slots ? x.sink_slots + x.ring_slots : c.n_pos;
+      kc[h].assign(size_t(slots) * hd, kNaNBf16);  // never-written slots would poison the result
+      vc[h].assign(size_t(slots) * hd, kNaNBf16);
+      for (int j = 0; j < c.n_pos; ++j) {  // write positions in order: the ring keeps the latest ones
+        auto kr = random_bf16(hd, rng, 1.f), vr = random_bf16(hd, rng, 1.f);
+        std::copy(kr.begin(), kr.end(), kc[h].begin() + size_t(x.slot(j)) * hd);
+        std::copy(vr.begin(), vr.end(), vc[h].begin() + size_t(x.slot(j)) * hd);
+      }
+      kcf[h].resize(kc[h].size());
+      vcf[h].resize(vc[h].size());
+      for (size_t i = 0; i < kc[h].size(); ++i) kcf[h][i] = from_bf16(kc[h][i]), vcf[h][i] = from_bf16(vc[h][i]);
+      knew[h].assign(kcf[h].begin() + size_t(x.slot(p)) * hd, kcf[h].begin() + size_t(x.slot(p) + 1) * hd);
+      vnew[h].assign(vcf[h].begin() + size_t(x.slot(p)) * hd, vcf[h].begin() + size_t(x.slot(p) + 1) * hd);
+      x.k_cache = kcf[h].data(), x.v_cache = vcf[h].data(), x.k_new = knew[h].data(), x.v_new = vnew[h].data();
+      x.new_stride = x.hd = hd, x.pos0 = p;
+      heads[h].sink_slots = x.sink_slots, heads[h].ring_slots = x.ring_slots;
+      heads[h].mode = m.mode, heads[h].sink_blocks = m.sink_blocks, heads[h].local_blocks = m.local_blocks;
+    }
+    std::vector<float> qf(q.size()), out_ref(q.size());
+    for (size_t i = 0; i < q.size(); ++i) qf[i] = from_bf16(q[i]);
+    AttentionArgs a;
+    a.q = qf.data(), a.kv = kv.data(), a.out = out_ref.data();
+    a.T = 1, a.pos0 = p, a.n_heads = c.Hq, a.n_kv_heads = c.Hkv, a.head_dim = hd;
+    a.modes = c.modes.data(), a.sparse = &sp, a.prefill = false;
+    attention_forward(a);
+
+    std::vector<std::unique_ptr<Dev<uint16_t>>> bufs;
+    for (int h = 0; h < c.Hkv; ++h) {
+      bufs.emplace_back(new Dev<uint16_t>(kc[h]));
+      heads[h].k = bufs.back()->p;
+      bufs.emplace_back(new Dev<uint16_t>(vc[h]));
+      heads[h].v = bufs.back()->p;
+    }
+    cuda::validate_decode_heads(heads.data(), c.Hkv, c.B);
+    Dev<cuda::DecodeKVHead> dheads(heads);
+    Dev<uint16_t> dq(q), dout(std::vector<uint16_t>(q.size(), kNaNBf16));
+    Dev<float> ws(cuda::decode_workspace_floats(c.Hq, hd, c.n_pos));
+    cuda::DecodeParams dp;
+    dp.q = dq.p, dp.out = dout.p, dp.heads = dheads.p, dp.n_pos = c.n_pos, dp.n_heads = c.Hq;
+    dp.n_kv_heads = c.Hkv, dp.head_dim = hd, dp.block = c.B, dp.workspace = ws.p;
+    cuda::decode_attention(dp, nullptr);
+    ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto out = dout.down();
+    double err2 = 0, ref2 = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const double g = from_bf16(out[i]), r = out_ref[i];
+      bad += !std::isfinite(g);
+      err2 += (g - r) * (g - r);
+      ref2 += r * r;
+    }
+    EXPECT_EQ(bad, 0u);
+    EXPECT_LT(std::sqrt(err2 / ref2), 1e-2) << "n_pos " << c.n_pos;
+  }
+}
+
+TEST(CudaDecodeAttention, RejectsTooSmallRing) {
+  uint16_t d = 0;
+  cuda::DecodeKVHead h;
+  h.k = h.v = &d;
+  h.mode = 1, h.sink_blocks = 1, h.local_blocks = 2, h.sink_slots = 64, h.ring_slots = 64;  // needs 128
+  EXPECT_THROW(cuda::validate_decode_heads(&h, 1, 64), std::invalid_argument);
+  h.ring_slots = 128;
+  EXPECT_NO_THROW(cuda::validate_decode_heads(&h, 1, 64));
+}

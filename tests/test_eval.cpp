@@ -1,0 +1,328 @@
+// End-to-end eval on the tiny fixture (random-id mode), resume after a killed run, report files, methods, plots.
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "elastic/eval.h"
+#include "elastic/plot_svg.h"
+#include "elastic/router.h"
+
+using namespace elastic;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string fixture() { return std::string(ELASTIC_FIXTURE_DIR) + "/qwen3_tiny"; }
+
+std::string tmp_dir(const std::string& name) {
+  const std::string d = "/tmp/elastic_test_eval_" + std::to_string(getpid()) + "_" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> v;
+  std::ifstream f(path);
+  for (std::string l; std::getline(f, l);)
+    if (!l.empty()) v.push_back(l);
+  return v;
+}
+
+size_t count(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+  return n;
+}
+
+// A streaming routing that really skips work at 96 tokens: no sink, a one-block window.
+SparseSettings tiny_window() {
+  SparseSettings s;
+  s.block = 64;
+  s.sink = 0;
+  s.local = 64;
+  return s;
+}
+
+std::vector<Method> two_methods() { return {method_uniform("full", HeadMode::Full), method_uniform("ssa-tiny", HeadMode::Streaming, tiny_window())}; }
+
+EvalOptions small_opts(const std::string& dir, int* computed = nullptr) {
+  EvalOptions o;
+  o.tasks = {"niah_single_1", "vt", "continue_text"};
+  o.lengths = {92, 96};
+  o.samples = 2;
+  o.seed = 4;
+  o.out_dir = dir;
+  o.model_id = "qwen3_tiny";
+  o.progress = [computed](const EvalProgress& p) {
+    EXPECT_LE(p.done, p.total);
+    EXPECT_GE(p.eta_s, 0.0);
+    if (computed) *computed = p.computed;
+  };
+  return o;
+}
+
+// The deterministic part of a summary (wall times differ between runs).
+json stable(const EvalSummary& s) {
+  json j = s.to_json();
+  for (auto& c : j["cells"]) c.erase("wall_s");
+  for (auto& m : j["per_method"]) m.erase("wall_s");
+  return j;
+}
+
+Model& tiny() {
+  static Model m = Model::load(fixture());
+  return m;
+}
+
+// The fixture model is tiny: one thread is fastest, and avoids OpenMP spin-waits on a loaded CI box.
+class EvalRun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    threads_ = omp_get_max_threads();
+    omp_set_num_threads(1);
+  }
+  void TearDown() override { omp_set_num_threads(threads_); }
+  int threads_ = 1;
+};
+
+}  // namespace
+
+TEST_F(EvalRun, EndToEndWritesTableJsonAndSvgs) {
+  const std::string dir = tmp_dir("e2e");
+  int computed = 0;
+  const EvalSummary s = run_eval(tiny(), nullptr, two_methods(), small_opts(dir, &computed));
+  EXPECT_EQ(computed, 2 * 3 * 2 * 2);
+  ASSERT_EQ(s.cells.size(), 12u);
+  for (const CellSummary& c : s.cells) {
+    EXPECT_EQ(c.n, 2);
+    EXPECT_GE(c.score, 0.0);
+    EXPECT_LE(c.score, 100.0);
+    if (c.method == "full") {
+      EXPECT_DOUBLE_EQ(c.msr, 0.0);
+      EXPECT_DOUBLE_EQ(c.flops, 1.0);
+      EXPECT_DOUBLE_EQ(c.esr, 0.0);
+    } else {
+      EXPECT_DOUBLE_EQ(c.msr, 1.0);
+      EXPECT_LT(c.flops, 1.0);  // the one-block window skips the first block for the second query block
+      EXPECT_GT(c.esr, 0.0);
+    }
+    if (c.task == "continue_text") {
+      EXPECT_EQ(c.metric, "likelihood");
+      EXPECT_LT(c.logprob, 0.0);
+    }
+  }
+  EXPECT_EQ(lines_of(dir + "/results.jsonl").size(), 24u);
+  write_report(s, dir);
+  const std::string md = read_file(dir + "/results.md");
+  EXPECT_NE(md.find("| task | length | full | ssa-tiny |"), std::string::npos);
+  EXPECT_NE(md.find("| niah_single_1 | 92 |"), std::string::npos);
+  EXPECT_NE(md.find("| continue_text | 96 |"), std::string::npos);
+  EXPECT_NE(md.find("**average**"), std::string::npos);
+  EXPECT_NE(md.find("## Likelihood tasks"), std::string::npos);
+  EXPECT_NE(md.find("Omega_MSR / Omega_ESR"), std::string::npos);
+  const json j = json::parse(read_file(dir + "/summary.json"));
+  EXPECT_EQ(j["cells"].size(), 12u);
+  EXPECT_EQ(j["per_method"].size(), 2u);
+  const std::string line = read_file(dir + "/score_vs_length.svg");
+  EXPECT_EQ(count(line, "class=\"series\""), 2u);
+  EXPECT_EQ(count(line, "class=\"point\""), 4u);  // 2 methods x 2 lengths
+  EXPECT_EQ(count(read_file(dir + "/msr_per_task.svg"), "class=\"bar\""), 6u);  // 2 methods x 3 tasks
+  EXPECT_EQ(count(read_file(dir + "/pareto.svg"), "class=\"point\""), 2u);
+  EXPECT_TRUE(fs::exists(dir + "/score_vs_length_vt.svg"));
+  EXPECT_TRUE(fs::exists(dir + "/esr_per_task.svg"));
+  const std::string hm = read_file(dir + "/headmap_ssa-tiny.svg");
+  EXPECT_EQ(count(hm, "class=\"cell\""), static_cast<size_t>(tiny().config.n_layers * tiny().config.n_kv_heads));
+  EXPECT_TRUE(fs::exists(dir + "/headmap_full.svg"));
+  fs::remove_all(dir);
+}
+
+TEST_F(EvalRun, ResumeRecomputesOnlyMissingSamples) {
+  const std::string dir = tmp_dir("resume");
+  int computed = 0;
+  const EvalSummary first = run_eval(tiny(), nullptr, two_methods(), small_opts(dir, &computed));
+  const std::string jsonl = dir + "/results.jsonl";
+  std::vector<std::string> lines = lines_of(jsonl);
+  ASSERT_EQ(lines.size(), 24u);
+  // A killed run: half the lines kept, plus a torn half-written line.
+  {
+    std::ofstream f(jsonl, std::ios::trunc);
+    for (size_t i = 0; i < 12; ++i) f << lines[i] << "\n";
+    f << lines[12].substr(0, lines[12].size() / 2);
+  }
+  computed = -1;
+  const EvalSummary second = run_eval(tiny(), nullptr, two_methods(), small_opts(dir, &computed));
+  EXPECT_EQ(computed, 12);
+  EXPECT_EQ(stable(second), stable(first));
+  const std::vector<std::string> after = lines_of(jsonl);
+  EXPECT_EQ(after.size(), 24u);
+  std::set<std::string> keys;
+  for (const std::string& l : after) keys.insert(SampleResult::from_json(json::parse(l), "line").key());
+  EXPECT_EQ(keys.size(), 24u);
+  for (size_t i = 0; i < 12; ++i) EXPECT_EQ(after[i], lines[i]);  // kept lines untouched
+  // Nothing left: a third run computes nothing and reports the same.
+  computed = -1;
+  const EvalSummary third = run_eval(tiny(), nullptr, two_methods(), small_opts(dir, &computed));
+  EXPECT_EQ(computed, 0);
+  EXPECT_EQ(stable(third), stable(first));
+  // A bigger grid reuses what exists: one more sample per cell costs only the new ones.
+  EvalOptions more = small_opts(dir, &computed);
+  more.samples = 3;
+  run_eval(tiny(), nullptr, two_methods(), more);
+  EXPECT_EQ(computed, 12);
+  // Back to 2 samples: the summary covers the asked grid only, not the third sample now in the file.
+  const EvalSummary fewer = run_eval(tiny(), nullptr, two_methods(), small_opts(dir, &computed));
+  EXPECT_EQ(computed, 0);
+  EXPECT_EQ(stable(fewer), stable(first));
+  fs::remove_all(dir);
+}
+
+TEST_F(EvalRun, TrainedRouterRoutesEachPromptInsidePrefill) {
+  Model& m = tiny();
+  RouterSpec rs;
+  rs.n_layers = m.config.n_layers;
+  rs.n_kv_heads = m.config.n_kv_heads;
+  rs.head_dim = m.config.head_dim;
+  rs.pool_first = rs.pool_last = 16;
+  rs.sparse = tiny_window();
+  auto router = std::make_shared<Router>(Router::init(rs, 7));
+  // A routed run equals a run with the routing it decided, given explicitly.
+  TaskSpec ts;
+  ts.name = "niah_single_1";
+  ts.vocab = m.config.vocab;
+  const TaskSample sample = make_sample(ts, nullptr, 96, 1);
+  m.router = router;
+  const SampleResult a = run_sample(m, nullptr, sample, nullptr);
+  m.router = nullptr;
+  ASSERT_EQ(a.modes.size(), static_cast<size_t>(m.config.n_layers * m.config.n_kv_heads));
+  RoutingTable t = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
+  t.sparse = tiny_window();
+  for (size_t i = 0; i < a.modes.size(); ++i) t.mode[i] = a.modes[i] == 'S' ? HeadMode::Streaming : HeadMode::Full;
+  const SampleResult b = run_sample(m, nullptr, sample, &t);
+  EXPECT_EQ(a.prediction_ids, b.prediction_ids);
+  EXPECT_DOUBLE_EQ(a.flops, b.flops);
+  EXPECT_DOUBLE_EQ(a.msr, t.msr());
+  EXPECT_THROW(run_sample(m, nullptr, sample, nullptr), std::runtime_error);  // no router, no table
+  // Through run_eval: the model's router slot is restored afterwards.
+  const std::string dir = tmp_dir("router");
+  EvalOptions o = small_opts(dir);
+  o.tasks = {"niah_single_1", "continue_text"};
+  o.lengths = {96};
+  const EvalSummary s = run_eval(m, nullptr, {method_uniform("full", HeadMode::Full), method_router("router-fa-ssa", router)}, o);
+  EXPECT_EQ(m.router, nullptr);
+  ASSERT_NE(s.find("router-fa-ssa", "continue_text", 96), nullptr);
+  EXPECT_DOUBLE_EQ(s.find("router-fa-ssa", "niah_single_1", 96)->msr, a.msr);  // same prompts, same decisions
+  EXPECT_THROW(method_router("r", nullptr), std::runtime_error);
+  fs::remove_all(dir);
+}
+
+TEST_F(EvalRun, BadInputErrors) {
+  const std::string dir = tmp_dir("bad");
+  auto msg = [&](const std::vector<Method>& ms, const EvalOptions& o) {
+    try {
+      run_eval(tiny(), nullptr, ms, o);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EvalOptions o = small_opts(dir);
+  o.tasks = {"niah_nope"};
+  EXPECT_NE(msg(two_methods(), o).find("unknown task 'niah_nope'"), std::string::npos);
+  o = small_opts(dir);
+  o.lengths = {4096};
+  EXPECT_NE(msg(two_methods(), o).find("exceeds the model's 128-token context"), std::string::npos);
+  o = small_opts(dir);
+  EXPECT_NE(msg({method_uniform("full", HeadMode::Full), method_uniform("full", HeadMode::Streaming)}, o).find("given twice"),
+            std::string::npos);
+  EXPECT_NE(msg({}, o).find("no methods"), std::string::npos);
+  o.out_dir.clear();
+  EXPECT_NE(msg(two_methods(), o).find("no output folder"), std::string::npos);
+  // A folder from a run with another seed is refused rather than mixed.
+  o = small_opts(dir);
+  o.tasks = {"niah_single_1"};
+  o.lengths = {92};
+  o.samples = 1;
+  run_eval(tiny(), nullptr, two_methods(), o);
+  o.seed = 99;
+  EXPECT_NE(msg(two_methods(), o).find("another seed"), std::string::npos);
+  // A malformed line in the middle of results.jsonl names the file and line.
+  o.seed = 4;
+  {
+    std::ofstream f(dir + "/results.jsonl", std::ios::app);
+    f << "{not json\n" << "{}\n";
+  }
+  const std::string m = msg(two_methods(), o);
+  EXPECT_NE(m.find("results.jsonl:3: malformed JSON"), std::string::npos) << m;
+  fs::remove_all(dir);
+}
+
+TEST_F(EvalRun, BuiltinMethodsAndLengths) {
+  const Model& m = tiny();
+  HeadScores hs;
+  hs.n_layers = m.config.n_layers;
+  hs.n_kv_heads = m.config.n_kv_heads;
+  hs.score = {0.9, 0.1, 0.5, 0.7};
+  const std::vector<int32_t> prompt(10, 1);
+  EXPECT_DOUBLE_EQ(builtin_method("full", m, nullptr).route(m, prompt).msr(), 0.0);
+  EXPECT_DOUBLE_EQ(builtin_method("ssa", m, nullptr).route(m, prompt).msr(), 1.0);
+  EXPECT_EQ(builtin_method("xattn", m, nullptr).route(m, prompt).mode[0], HeadMode::XAttn);
+  const RoutingTable r = builtin_method("static@0.5", m, &hs).route(m, prompt);
+  EXPECT_DOUBLE_EQ(r.msr(), 0.5);
+  EXPECT_EQ(r.mode[0], HeadMode::Full);  // highest scores stay full
+  EXPECT_EQ(r.mode[3], HeadMode::Full);
+  EXPECT_EQ(r.mode[1], HeadMode::Streaming);
+  EXPECT_EQ(builtin_method("static@0.7", m, &hs).name, "static@0.7");
+  EXPECT_THROW(builtin_method("static@0.5", m, nullptr), std::runtime_error);
+  EXPECT_THROW(builtin_method("static@1.5", m, &hs), std::runtime_error);
+  EXPECT_THROW(builtin_method("sparse-magic", m, nullptr), std::runtime_error);
+  EXPECT_EQ(builtin_method_names().size(), 6u);
+  EXPECT_EQ(parse_lengths("4k, 8K,100"), (std::vector<int>{4096, 8192, 100}));
+  EXPECT_THROW(parse_lengths("4q"), std::runtime_error);
+  EXPECT_THROW(parse_lengths("4k,,8k"), std::runtime_error);
+  EXPECT_THROW(parse_lengths("-1"), std::runtime_error);
+  EXPECT_THROW(parse_lengths(""), std::runtime_error);
+}
+
+TEST_F(EvalRun, HeadScoresProbedOnceAndSaved) {
+  const std::string dir = tmp_dir("scores");
+  EvalOptions o = small_opts(dir);
+  const HeadScores a = eval_head_scores(tiny(), nullptr, "", o);
+  EXPECT_TRUE(fs::exists(dir + "/heads.json"));
+  EXPECT_TRUE(fs::exists(dir + "/heads.svg"));
+  const HeadScores b = eval_head_scores(tiny(), nullptr, "", o);  // loaded, not probed again
+  EXPECT_EQ(a.prompts, b.prompts);
+  ASSERT_EQ(a.score.size(), b.score.size());
+  for (size_t i = 0; i < a.score.size(); ++i) EXPECT_NEAR(a.score[i], b.score[i], 1e-12);
+  EXPECT_THROW(eval_head_scores(tiny(), nullptr, dir + "/missing.json", o), std::runtime_error);
+  fs::remove_all(dir);
+}
+
+TEST(EvalPlots, ParetoFrontAndShapes) {
+  const std::vector<ScatterPoint> p = {{"a", 1.0, 90}, {"b", 0.5, 80}, {"c", 0.6, 70}, {"d", 0.2, 40}, {"e", 0.5, 80}};
+  const std::vector<size_t> f = pareto_front(p);
+  EXPECT_EQ(f, (std::vector<size_t>{3, 1, 4, 0}));  // c is dominated by b; b and e tie (neither dominates)
+  const std::string path = "/tmp/elastic_test_eval_plot_" + std::to_string(getpid()) + ".svg";
+  EXPECT_THROW(write_line_chart_svg(path, "t", "x", "y", {{"s", {1, 2}, {1}}}), std::runtime_error);
+  EXPECT_THROW(write_bar_chart_svg(path, "t", "y", {"g1", "g2"}, {"s"}, {{1.0}}), std::runtime_error);
+  EXPECT_THROW(write_line_chart_svg(path, "t", "x", "y", {{"s", {0, 2}, {1, 2}}}, true), std::runtime_error);
+  write_bar_chart_svg(path, "t <&>", "y", {"g1", "g2"}, {"s1", "s2"}, {{1.0, 2.0}, {3.0, std::nan("")}});
+  const std::string svg = read_file(path);
+  EXPECT_EQ(count(svg, "class=\"bar\""), 3u);  // the NaN bar is skipped
+  EXPECT_NE(svg.find("t &lt;&amp;&gt;"), std::string::npos);
+  EXPECT_THROW(write_scatter_svg("/nonexistent/dir/x.svg", "t", "x", "y", p), std::runtime_error);
+  fs::remove(path);
+}

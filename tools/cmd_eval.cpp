@@ -1,0 +1,130 @@
+// elastic eval: RULER-style long-context suite over several routing methods, resumable, with a report.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+
+#include "cli_common.h"
+#include "elastic/eval.h"
+#include "elastic/router.h"
+#include "elastic/tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace elastic::cli {
+
+namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b == std::string::npos) throw std::runtime_error("eval: empty entry in list '" + s + "'");
+    out.push_back(item.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+// Chat-template hook for `elastic eval`: empty = prompts are used raw. The lead sets this to the model's chat
+// template formatter (a function of the model folder) once templates are supported.
+std::function<ChatFormat(const std::string& model_dir)>& eval_chat_template_hook() {
+  static std::function<ChatFormat(const std::string&)> h;
+  return h;
+}
+
+void add_eval_command(CLI::App& app, Commands& cmds) {
+  struct Opts {
+    std::string model, suite = "ruler", tasks, lengths = "4k,8k,16k,32k", methods, routing, mode, scores, hay, code,
+                       out = "eval_out", tok, router;
+    int samples = 50, threads = 0, chunk = kDefaultPrefillChunk;
+    uint64_t seed = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* sub = app.add_subcommand("eval", "Long-context evaluation (RULER-style suite) over routing methods");
+  sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
+  sub->add_option("--suite", o->suite, "Suite (only 'ruler' for now)");
+  sub->add_option("--tasks", o->tasks, "Comma list of tasks (default: all)");
+  sub->add_option("--lengths", o->lengths, "Comma list of prompt lengths, k = 1024 (e.g. 4k,8k)");
+  sub->add_option("--samples", o->samples, "Samples per task and length")->check(CLI::PositiveNumber);
+  sub->add_option("--seed", o->seed, "Seed (prompts are the same for every method)");
+  sub->add_option("--methods", o->methods,
+                  "Comma list of methods: full, ssa, xattn, static@0.5, static@0.7, static@0.9 (default: all)");
+  sub->add_option("--routing", o->routing, "Extra method: a routing JSON file");
+  sub->add_option("--mode", o->mode, "Extra method: every head in one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
+  sub->add_option("--router", o->router, "Extra methods: trained router file(s), comma list (FA-SSA / FA-XA variants)");
+  sub->add_option("--scores", o->scores, "Retrieval head scores for static routing (default: probe once, save in -o)");
+  sub->add_option("--haystack", o->hay, "Haystack text file (default: built-in English filler)");
+  sub->add_option("--code-corpus", o->code, "Source file or folder for code_continue (default: built-in generator)");
+  sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's; random ids when absent)");
+  sub->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
+  sub->add_option("-o,--output", o->out, "Output folder (results.jsonl, results.md, summary.json, SVGs)");
+  sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  cmds.push_back({sub, [o] {
+    set_threads(o->threads);
+    if (o->suite != "ruler") throw std::runtime_error("eval: unknown suite '" + o->suite + "' (only 'ruler' exists)");
+    if (!o->routing.empty() && !o->mode.empty()) throw std::runtime_error("eval: give --routing or --mode, not both");
+    Model m = Model::load(o->model);
+    std::unique_ptr<Tokenizer> t;
+    if (!o->tok.empty() || fs::exists(fs::path(o->model) / "tokenizer.json"))
+      t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
+    else
+      std::fprintf(stderr, "eval: no tokenizer.json in %s: random-id mode (prompts and answers are token ids)\n",
+                   o->model.c_str());
+    EvalOptions eo;
+    if (!o->tasks.empty()) eo.tasks = split_list(o->tasks);
+    eo.lengths = parse_lengths(o->lengths);
+    eo.samples = o->samples;
+    eo.seed = o->seed;
+    eo.haystack_file = o->hay;
+    eo.code_corpus = o->code;
+    eo.out_dir = o->out;
+    eo.model_id = fs::weakly_canonical(fs::path(o->model)).string();
+    eo.prefill_chunk = o->chunk;
+    if (t && eval_chat_template_hook()) eo.chat = eval_chat_template_hook()(o->model);
+
+    // Tasks, lengths and folders are checked before any probing, so bad options fail at once.
+    check_eval_options(m, t.get(), {method_uniform("full", HeadMode::Full)}, eo);
+    // Trained routers: FA-SSA or FA-XA after each router's sparse mode; a second router of a kind gets its file stem.
+    std::vector<Method> routers;  // loaded before any probing: a bad router file fails at once
+    if (!o->router.empty())
+      for (const std::string& path : split_list(o->router)) {
+        auto r = std::make_shared<Router>(Router::load(path, m.config));
+        std::string name = r->spec.sparse_mode == HeadMode::XAttn ? "router-fa-xa" : "router-fa-ssa";
+        for (const Method& me : routers)
+          if (me.name == name) name += ":" + fs::path(path).stem().string();
+        routers.push_back(method_router(name, r));
+      }
+    const std::vector<std::string> names = o->methods.empty() ? builtin_method_names() : split_list(o->methods);
+    bool need_scores = false;
+    HeadScores placeholder;  // validates every method name before the (slow) probe runs
+    placeholder.n_layers = m.config.n_layers;
+    placeholder.n_kv_heads = m.config.n_kv_heads;
+    placeholder.score.assign(static_cast<size_t>(m.config.n_layers) * m.config.n_kv_heads, 0.0);
+    for (const auto& n : names) {
+      (void)builtin_method(n, m, &placeholder);
+      need_scores = need_scores || n.rfind("static@", 0) == 0;
+    }
+    HeadScores hs;
+    if (need_scores) hs = eval_head_scores(m, t.get(), o->scores, eo);
+    std::vector<Method> methods;
+    for (const auto& n : names) methods.push_back(builtin_method(n, m, need_scores ? &hs : nullptr));
+    if (!o->routing.empty()) {
+      Model tmp;  // apply_routing validates the file against the model
+      tmp.config = m.config;
+      apply_routing(tmp, o->routing, "");
+      methods.push_back(method_fixed("routing:" + fs::path(o->routing).stem().string(), tmp.routing));
+    }
+    if (!o->mode.empty()) methods.push_back(method_uniform("mode:" + o->mode, parse_head_mode(o->mode)));
+    for (Method& me : routers) methods.push_back(std::move(me));
+    EvalSummary s = run_eval(m, t.get(), methods, eo);
+    write_report(s, eo.out_dir);
+    std::fprintf(stderr, "wrote %s/results.md, summary.json and SVG charts (results.jsonl holds every sample)\n",
+                 eo.out_dir.c_str());
+  }});
+}
+
+}  // namespace elastic::cli
