@@ -42,6 +42,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
                        out = "eval_out", tok, router;
     int samples = 50, threads = 0, chunk = kDefaultPrefillChunk;
     uint64_t seed = 0;
+    SparseSettings sparse;
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("eval", "Long-context evaluation (RULER-style suite) over routing methods");
@@ -63,13 +64,18 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
   sub->add_option("-o,--output", o->out, "Output folder (results.jsonl, results.md, summary.json, SVGs)");
   sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  sub->add_option("--block", o->sparse.block, "Sparse block size of the built-in methods (64 or 128)");
+  sub->add_option("--sink", o->sparse.sink, "Streaming sink tokens of the built-in methods");
+  sub->add_option("--local", o->sparse.local, "Streaming local window tokens of the built-in methods");
   cmds.push_back({sub, [o] {
+    o->sparse.xattn.block = o->sparse.block;
+    validate_sparse(o->sparse, "eval");
     set_threads(o->threads);
     if (o->suite != "ruler") throw std::runtime_error("eval: unknown suite '" + o->suite + "' (only 'ruler' exists)");
     if (!o->routing.empty() && !o->mode.empty()) throw std::runtime_error("eval: give --routing or --mode, not both");
     Model m = Model::load(o->model);
     std::unique_ptr<Tokenizer> t;
-    if (!o->tok.empty() || fs::exists(fs::path(o->model) / "tokenizer.json"))
+    if (has_tokenizer(o->model, o->tok))
       t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
     else
       std::fprintf(stderr, "eval: no tokenizer.json in %s: random-id mode (prompts and answers are token ids)\n",
@@ -105,13 +111,13 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
     placeholder.n_kv_heads = m.config.n_kv_heads;
     placeholder.score.assign(static_cast<size_t>(m.config.n_layers) * m.config.n_kv_heads, 0.0);
     for (const auto& n : names) {
-      (void)builtin_method(n, m, &placeholder);
+      (void)builtin_method(n, m, &placeholder, o->sparse);
       need_scores = need_scores || n.rfind("static@", 0) == 0;
     }
     HeadScores hs;
     if (need_scores) hs = eval_head_scores(m, t.get(), o->scores, eo);
     std::vector<Method> methods;
-    for (const auto& n : names) methods.push_back(builtin_method(n, m, need_scores ? &hs : nullptr));
+    for (const auto& n : names) methods.push_back(builtin_method(n, m, need_scores ? &hs : nullptr, o->sparse));
     if (!o->routing.empty()) {
       Model tmp;  // apply_routing validates the file against the model
       tmp.config = m.config;

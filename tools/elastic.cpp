@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   add_route_command(app, cmds);
   add_train_router_command(app, cmds);
   add_eval_command(app, cmds);
+  add_serve_command(app, cmds);
   CLI11_PARSE(app, argc, argv);
   try {
     for (const Command& c : cmds)

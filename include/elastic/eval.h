@@ -31,12 +31,14 @@ struct Method {
 Method method_fixed(const std::string& name, const RoutingTable& r);
 Method method_uniform(const std::string& name, HeadMode mode, const SparseSettings& s = {});
 // "static@<omega>": the top (1 - omega) heads by retrieval score stay full, the rest go to sparse_mode.
-Method method_static(double omega, const HeadScores& scores, HeadMode sparse_mode = HeadMode::Streaming);
+Method method_static(double omega, const HeadScores& scores, HeadMode sparse_mode = HeadMode::Streaming,
+                     const SparseSettings& s = {});
 // full, ssa, xattn, static@0.5, static@0.7, static@0.9
 const std::vector<std::string>& builtin_method_names();
 // Builds a built-in by name (static@* need scores; any static@<omega> with omega in [0, 1] is accepted).
 // Throws on unknown names, naming the known ones.
-Method builtin_method(const std::string& name, const Model& m, const HeadScores* scores);
+// s: block / sink / local / XAttention settings of the sparse heads of every built-in method.
+Method builtin_method(const std::string& name, const Model& m, const HeadScores* scores, const SparseSettings& s = {});
 
 // A trained router as a method (FA-SSA or FA-XA, after the router's sparse mode).
 Method method_router(const std::string& name, std::shared_ptr<const PromptRouter> router);

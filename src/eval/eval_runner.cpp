@@ -93,8 +93,10 @@ Method method_uniform(const std::string& name, HeadMode mode, const SparseSettin
   return me;
 }
 
-Method method_static(double omega, const HeadScores& scores, HeadMode sparse_mode) {
-  return method_fixed("static@" + fmt_omega(omega), static_routing(scores, omega, sparse_mode));
+Method method_static(double omega, const HeadScores& scores, HeadMode sparse_mode, const SparseSettings& s) {
+  RoutingTable r = static_routing(scores, omega, sparse_mode);
+  r.sparse = s;
+  return method_fixed("static@" + fmt_omega(omega), r);
 }
 
 const std::vector<std::string>& builtin_method_names() {
@@ -102,10 +104,10 @@ const std::vector<std::string>& builtin_method_names() {
   return v;
 }
 
-Method builtin_method(const std::string& name, const Model& m, const HeadScores* scores) {
-  if (name == "full") return method_uniform(name, HeadMode::Full);
-  if (name == "ssa") return method_uniform(name, HeadMode::Streaming);
-  if (name == "xattn") return method_uniform(name, HeadMode::XAttn);
+Method builtin_method(const std::string& name, const Model& m, const HeadScores* scores, const SparseSettings& s) {
+  if (name == "full") return method_uniform(name, HeadMode::Full, s);
+  if (name == "ssa") return method_uniform(name, HeadMode::Streaming, s);
+  if (name == "xattn") return method_uniform(name, HeadMode::XAttn, s);
   if (name.rfind("static@", 0) == 0) {
     const std::string v = name.substr(7);
     char* end = nullptr;
@@ -115,7 +117,7 @@ Method builtin_method(const std::string& name, const Model& m, const HeadScores*
     if (!scores) throw std::runtime_error("method '" + name + "' needs retrieval head scores (--scores heads.json)");
     if (scores->n_layers != m.config.n_layers || scores->n_kv_heads != m.config.n_kv_heads)
       throw std::runtime_error("method '" + name + "': head scores do not match the model's layers x KV heads");
-    Method me = method_static(omega, *scores);
+    Method me = method_static(omega, *scores, HeadMode::Streaming, s);
     me.name = name;
     return me;
   }

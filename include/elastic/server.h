@@ -1,0 +1,60 @@
+#pragma once
+// OpenAI-compatible HTTP server (cpp-httplib): /v1/completions, /v1/chat/completions (SSE streaming), /v1/models,
+// /tokenize, /detokenize, /health, /metrics. Each request is routed by its own prompt; its KV cache is the hybrid
+// cache of that routing; decode steps of all running requests are batched (decode_batch).
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "elastic/model.h"
+
+namespace elastic {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                 // 0 = any free port (see Server::port)
+  std::string model_name;          // "id" in /v1/models and responses; default: the model folder's name
+  int max_slots = 4;               // requests decoding at once; more wait in a FIFO queue
+  size_t kv_budget_bytes = size_t(1) << 30;  // KV-cache bytes of all running requests together
+  size_t max_body_bytes = size_t(1) << 20;   // larger request bodies get 413
+  int max_context = 0;             // prompt + max_tokens per request; 0 = the model's max_position_embeddings
+  // Routing of one request from its prompt ids. Empty: the model's PromptRouter (Model::router) decides in prefill
+  // when the model has one, else every request uses the model's routing (Model::routing).
+  std::function<RoutingTable(const std::vector<int32_t>& prompt)> route;
+  int threads = 0;                 // OpenMP threads of the engine; 0 = the runtime default
+  int http_threads = 0;            // HTTP worker threads; 0 = max_slots + 16
+  std::string tokenizer_path;      // default: <model_dir>/tokenizer.json (text endpoints need one)
+  bool log_requests = false;       // one line per request to stderr
+};
+
+// Bytes KVCache::init(cfg, capacity, &routing) allocates (streaming heads keep sink + window): what the scheduler
+// reserves against the KV budget for a request of `capacity` positions.
+size_t kv_cache_bytes_for(const ModelConfig& cfg, int capacity, const RoutingTable& routing);
+
+class Server {
+ public:
+  // Loads the model, tokenizer.json (if any) and tokenizer_config.json's chat template. Throws naming the problem.
+  Server(const std::string& model_dir, ServerOptions opts);
+  // Serves an already loaded model (e.g. with --routing applied); tokenizer_path / model_dir as above.
+  Server(Model model, const std::string& model_dir, ServerOptions opts);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds host:port (port 0 = a free port) and returns the bound port. Throws when the address cannot be bound.
+  int bind();
+  void serve();  // blocks until stop(); binds first if bind() was not called
+  void start();  // serve() on a background thread; returns once listening
+  void stop();   // stops accepting, cancels running requests, joins the engine
+  int port() const;
+  const Model& model() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace elastic

@@ -1,0 +1,147 @@
+#include "elastic/batch_decode.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+
+#include "model/ops.h"
+
+namespace elastic {
+
+namespace {
+
+// The routing a slot decodes under, chosen as Model::forward does: the slot's own, else the one its cache was built
+// for, else the model's.
+const RoutingTable& slot_routing(const Model& m, const DecodeSlot& s) {
+  return s.routing ? *s.routing : s.cache->routing.n_layers ? s.cache->routing : m.routing;
+}
+
+// All checks up front, so a bad slot leaves every cache untouched.
+void check_slots(const Model& m, const std::vector<DecodeSlot>& slots) {
+  const ModelConfig& c = m.config;
+  std::unordered_set<const KVCache*> seen;
+  for (size_t b = 0; b < slots.size(); ++b) {
+    const DecodeSlot& s = slots[b];
+    const std::string who = "decode_batch: slot " + std::to_string(b);
+    if (!s.cache) throw std::invalid_argument(who + " has no KV cache");
+    if (!seen.insert(s.cache).second) throw std::invalid_argument(who + " repeats another slot's KV cache");
+    const KVCache& kc = *s.cache;
+    if (kc.n_layers != c.n_layers || kc.n_kv_heads != c.n_kv_heads || kc.head_dim != c.head_dim)
+      throw std::invalid_argument(who + ": KV cache was built for another model shape");
+    if (kc.length + 1 > kc.capacity)
+      throw std::runtime_error(who + ": context overflow: " + std::to_string(kc.length + 1) +
+                               " tokens exceed the KV cache capacity " + std::to_string(kc.capacity));
+    if (s.token < 0 || s.token >= c.vocab)
+      throw std::runtime_error(who + ": token id " + std::to_string(s.token) + " is outside the vocabulary [0, " +
+                               std::to_string(c.vocab) + ")");
+    const RoutingTable& r = slot_routing(m, s);
+    if (r.n_layers != c.n_layers || r.n_kv_heads != c.n_kv_heads ||
+        r.mode.size() != static_cast<size_t>(c.n_layers) * c.n_kv_heads)
+      throw std::invalid_argument(who + ": routing table is " + std::to_string(r.n_layers) + " x " +
+                                  std::to_string(r.n_kv_heads) + ", the model has " + std::to_string(c.n_layers) +
+                                  " layers x " + std::to_string(c.n_kv_heads) + " KV heads");
+    // A ring cache holds only a streaming head's window: any other mode would read overwritten keys.
+    for (size_t i = 0; i < r.mode.size(); ++i)
+      if (kc.ring_slots[i] && r.mode[i] != HeadMode::Streaming)
+        throw std::runtime_error(who + ": KV cache was built for another routing: layer " +
+                                 std::to_string(i / c.n_kv_heads) + " KV head " + std::to_string(i % c.n_kv_heads) +
+                                 " has a streaming window cache but is routed " + head_mode_name(r.mode[i]));
+  }
+}
+
+}  // namespace
+
+void decode_batch(const Model& m, const std::vector<DecodeSlot>& slots, std::vector<float>& logits) {
+  const ModelConfig& c = m.config;
+  const int B = static_cast<int>(slots.size());
+  logits.clear();
+  if (B == 0) return;
+  check_slots(m, slots);
+  const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, F = c.intermediate, V = c.vocab;
+  const ModelWeights& W = m.weights;
+
+  // Row b of every activation belongs to slot b (one new position each).
+  std::vector<float> x(static_cast<size_t>(B) * D), h(x.size()), q(static_cast<size_t>(B) * Hq * hd),
+      k(static_cast<size_t>(B) * Hkv * hd), v(k.size()), att(q.size()), o(x.size()), g(static_cast<size_t>(B) * F),
+      u(g.size());
+  for (int b = 0; b < B; ++b)
+    std::copy_n(W.embed.data() + static_cast<size_t>(slots[b].token) * D, D, x.data() + static_cast<size_t>(b) * D);
+
+  std::vector<HeadKV> kv(Hkv);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = W.layers[l];
+    rmsnorm_rows(x.data(), L.attn_norm.data(), h.data(), B, D, c.rms_eps);
+    linear(h.data(), L.wq.data(), L.bq, q.data(), B, Hq * hd, D);
+    linear(h.data(), L.wk.data(), L.bk, k.data(), B, Hkv * hd, D);
+    linear(h.data(), L.wv.data(), L.bv, v.data(), B, Hkv * hd, D);
+    if (c.qk_norm) {
+      rmsnorm_rows(q.data(), L.q_norm.data(), q.data(), B * Hq, hd, c.rms_eps);
+      rmsnorm_rows(k.data(), L.k_norm.data(), k.data(), B * Hkv, hd, c.rms_eps);
+    }
+    for (int b = 0; b < B; ++b) {
+      const KVCache& kc = *slots[b].cache;
+      const int pos0 = kc.length;
+      float* qb = q.data() + static_cast<size_t>(b) * Hq * hd;
+      float* kb = k.data() + static_cast<size_t>(b) * Hkv * hd;
+      const float* vb = v.data() + static_cast<size_t>(b) * Hkv * hd;
+      apply_rope(qb, 1, Hq, hd, pos0, m.rope_inv_freq);  // each row at its own sequence's position
+      apply_rope(kb, 1, Hkv, hd, pos0, m.rope_inv_freq);
+      const RoutingTable& r = slot_routing(m, slots[b]);
+      for (int kh = 0; kh < Hkv; ++kh) {
+        const size_t ci = static_cast<size_t>(l) * Hkv + kh;
+        HeadKV& e = kv[kh];
+        e.k_cache = kc.k[ci].data();
+        e.v_cache = kc.v[ci].data();
+        e.sink_slots = kc.sink_slots[ci];
+        e.ring_slots = kc.ring_slots[ci];
+        e.k_new = kb + static_cast<size_t>(kh) * hd;
+        e.v_new = vb + static_cast<size_t>(kh) * hd;
+        e.new_stride = Hkv * hd;
+        e.pos0 = pos0;
+        e.hd = hd;
+      }
+      AttentionArgs a;
+      a.q = qb;
+      a.kv = kv.data();
+      a.out = att.data() + static_cast<size_t>(b) * Hq * hd;
+      a.T = 1;
+      a.pos0 = pos0;
+      a.n_heads = Hq;
+      a.n_kv_heads = Hkv;
+      a.head_dim = hd;
+      a.modes = r.mode.data() + static_cast<size_t>(l) * Hkv;
+      a.sparse = &r.sparse;
+      a.stats = slots[b].stats;
+      a.track_esr = slots[b].stats && l == c.n_layers - 1;
+      a.prefill = false;
+      attention_forward(a);
+      // Append after attention (a streaming head's ring may reuse a slot read above).
+      KVCache& wc = *slots[b].cache;
+      for (int kh = 0; kh < Hkv; ++kh) {
+        const size_t ci = static_cast<size_t>(l) * Hkv + kh;
+        const size_t slot = kv[kh].slot(pos0);
+        std::copy_n(kb + static_cast<size_t>(kh) * hd, hd, wc.k[ci].data() + slot * hd);
+        std::copy_n(vb + static_cast<size_t>(kh) * hd, hd, wc.v[ci].data() + slot * hd);
+      }
+    }
+    linear(att.data(), L.wo.data(), {}, o.data(), B, D, Hq * hd);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+
+    rmsnorm_rows(x.data(), L.mlp_norm.data(), h.data(), B, D, c.rms_eps);
+    linear(h.data(), L.w_gate.data(), {}, g.data(), B, F, D);
+    linear(h.data(), L.w_up.data(), {}, u.data(), B, F, D);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SwiGLU
+    linear(g.data(), L.w_down.data(), {}, o.data(), B, D, F);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+  }
+  for (const DecodeSlot& s : slots) s.cache->length += 1;
+
+  rmsnorm_rows(x.data(), W.final_norm.data(), h.data(), B, D, c.rms_eps);
+  logits.resize(static_cast<size_t>(B) * V);
+  linear(h.data(), W.head(), {}, logits.data(), B, V, D);
+}
+
+}  // namespace elastic

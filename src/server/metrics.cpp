@@ -1,0 +1,59 @@
+// Prometheus text exposition of the server's counters and gauges.
+#include <cstdio>
+
+#include "server/server_internal.h"
+
+namespace elastic::server {
+
+namespace {
+
+void metric(std::string& out, const char* name, const char* type, const char* help, double value,
+            const char* labels = "") {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "# HELP %s %s\n# TYPE %s %s\n%s%s %.17g\n", name, help, name, type, name, labels,
+                value);
+  out += buf;
+}
+
+}  // namespace
+
+std::string Metrics::render() {
+  std::lock_guard g(mu);
+  std::string o;
+  char buf[256];
+  o += "# HELP elastic_requests_total Finished generation requests by outcome.\n# TYPE elastic_requests_total counter\n";
+  std::snprintf(buf, sizeof buf,
+                "elastic_requests_total{status=\"ok\"} %llu\nelastic_requests_total{status=\"error\"} %llu\n"
+                "elastic_requests_total{status=\"cancelled\"} %llu\n",
+                (unsigned long long)requests_ok, (unsigned long long)requests_error,
+                (unsigned long long)requests_cancelled);
+  o += buf;
+  o += "# HELP elastic_http_errors_total HTTP responses with an error status.\n# TYPE elastic_http_errors_total counter\n";
+  std::snprintf(buf, sizeof buf, "elastic_http_errors_total{class=\"4xx\"} %llu\nelastic_http_errors_total{class=\"5xx\"} %llu\n",
+                (unsigned long long)http_4xx, (unsigned long long)http_5xx);
+  o += buf;
+  metric(o, "elastic_requests_waited_total", "counter", "Requests that waited in the queue for a slot or KV memory.",
+         double(requests_waited));
+  metric(o, "elastic_prompt_tokens_total", "counter", "Prompt tokens prefilled.", double(prompt_tokens));
+  metric(o, "elastic_generation_tokens_total", "counter", "Tokens generated.", double(generated_tokens));
+  metric(o, "elastic_decode_steps_total", "counter", "Batched decode steps.", double(decode_steps));
+  metric(o, "elastic_decode_batch_rows_total", "counter", "Sequence rows over all batched decode steps.",
+         double(decode_tokens));
+  metric(o, "elastic_prefill_tokens_per_second", "gauge", "Prompt tokens per second of prefill time (cumulative).",
+         prefill_s > 0 ? prompt_tokens / prefill_s : 0.0);
+  metric(o, "elastic_decode_tokens_per_second", "gauge",
+         "Decoded tokens per second of batched decode time, all requests together (cumulative).",
+         decode_s > 0 ? decode_tokens / decode_s : 0.0);
+  metric(o, "elastic_omega_msr_mean", "gauge", "Mean Omega_MSR (fraction of sparse KV heads) over requests that held a slot.",
+         msr_count ? msr_sum / msr_count : 0.0);
+  metric(o, "elastic_omega_esr_mean", "gauge", "Mean Omega_ESR (skipped key blocks) over requests that held a slot.",
+         msr_count ? esr_sum / msr_count : 0.0);
+  metric(o, "elastic_kv_cache_bytes", "gauge", "KV-cache bytes reserved by running requests.", double(kv_bytes_in_use));
+  metric(o, "elastic_kv_cache_budget_bytes", "gauge", "KV-cache byte budget.", double(kv_budget));
+  metric(o, "elastic_requests_running", "gauge", "Requests holding a slot.", double(running));
+  metric(o, "elastic_requests_waiting", "gauge", "Requests waiting for a slot or KV memory.", double(waiting));
+  metric(o, "elastic_slots", "gauge", "Slots (requests decoded together at most).", double(max_slots));
+  return o;
+}
+
+}  // namespace elastic::server

@@ -1,0 +1,352 @@
+// The batching scheduler: one engine thread owns the model. Requests wait in a FIFO queue until a slot and their KV
+// bytes fit; each admitted request is prefilled alone (its own routing and hybrid cache), then the decode steps of
+// all running requests run together through decode_batch.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "elastic/batch_decode.h"
+#include "server/server_internal.h"
+
+namespace elastic {
+
+size_t kv_cache_bytes_for(const ModelConfig& cfg, int capacity, const RoutingTable& r) {
+  // Mirrors KVCache::init's slot count per head (checked against it in the tests).
+  size_t slots = 0;
+  const size_t n = static_cast<size_t>(cfg.n_layers) * cfg.n_kv_heads;
+  for (size_t i = 0; i < n; ++i) {
+    size_t s = capacity;
+    if (i < r.mode.size() && r.mode[i] == HeadMode::Streaming) {
+      const SparseSettings& sp = r.sparse;
+      const int sink = (sp.sink + sp.block - 1) / sp.block * sp.block;
+      const int ring = std::max(1, (sp.local + sp.block - 1) / sp.block) * sp.block;
+      if (sink + ring < capacity) s = sink + ring;
+    }
+    slots += s;
+  }
+  return slots * cfg.head_dim * sizeof(float) * 2;  // keys and values
+}
+
+}  // namespace elastic
+
+namespace elastic::server {
+
+using clock_t_ = std::chrono::steady_clock;
+
+static double secs(clock_t_::duration d) { return std::chrono::duration<double>(d).count(); }
+
+Job::Taken Job::take(std::chrono::milliseconds wait) {
+  std::unique_lock lk(mu);
+  if (pending.empty() && !done) cv.wait_for(lk, wait, [&] { return !pending.empty() || done; });
+  Taken t;
+  t.text.swap(pending);
+  t.done = done;
+  return t;
+}
+
+struct Scheduler::Active {
+  std::shared_ptr<Job> job;
+  KVCache cache;
+  Sampler sampler;
+  AttentionStats stats;
+  int produced = 0;      // sampled tokens (EOS included)
+  int32_t next = -1;     // sampled, not yet in the cache
+  std::string text;      // generated text so far (bytes)
+  size_t sent = 0;       // bytes of `text` already handed to the HTTP side
+  bool finished = false;
+  clock_t_::time_point t_admit, t_first;
+  explicit Active(std::shared_ptr<Job> j) : job(std::move(j)), sampler(job->sampler) {}
+};
+
+Scheduler::Scheduler(const Model& m, const Tokenizer* tok, std::vector<int32_t> eos, SchedulerOptions o, Metrics& met)
+    : m_(m), tok_(tok), eos_(std::move(eos)), o_(o), met_(met) {
+  if (o_.max_slots < 1) throw std::invalid_argument("server: max slots must be >= 1");
+  {
+    std::lock_guard g(met_.mu);
+    met_.kv_budget = o_.kv_budget_bytes;
+    met_.max_slots = o_.max_slots;
+  }
+  th_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::stop() {
+  {
+    std::lock_guard g(mu_);
+    if (stopping_ && !th_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (th_.joinable()) th_.join();
+  // Nothing runs any more: fail what is left so no HTTP thread waits forever.
+  std::deque<std::shared_ptr<Job>> left;
+  {
+    std::lock_guard g(mu_);
+    left.swap(waiting_);
+  }
+  for (auto& a : active_) left.push_back(a->job);
+  active_.clear();
+  for (auto& j : left) {
+    std::lock_guard g(j->mu);
+    if (!j->done) {
+      j->done = true;
+      j->error = "server is shutting down";
+    }
+    j->cv.notify_all();
+  }
+}
+
+void Scheduler::submit(const std::shared_ptr<Job>& job) {
+  if (job->kv_bytes > o_.kv_budget_bytes)
+    throw ApiError(400,
+                   "this request needs " + std::to_string(job->kv_bytes) + " bytes of KV cache (prompt + max_tokens = " +
+                       std::to_string(job->capacity) + " positions), more than the server's whole KV budget of " +
+                       std::to_string(o_.kv_budget_bytes) + " bytes; lower max_tokens or shorten the prompt",
+                   "max_tokens", "kv_budget_exceeded");
+  job->submitted = clock_t_::now();
+  {
+    std::lock_guard g(mu_);
+    if (stopping_) throw ApiError(503, "server is shutting down", "", "unavailable", "server_error");
+    waiting_.push_back(job);
+    publish_gauges_locked();
+  }
+  cv_.notify_all();
+}
+
+void Scheduler::publish_gauges_locked() {
+  std::lock_guard g(met_.mu);
+  met_.kv_bytes_in_use = kv_in_use_;
+  met_.running = running_;
+  met_.waiting = static_cast<int>(waiting_.size());
+}
+
+static void publish(Job& j, const std::string& delta) {
+  if (delta.empty()) return;
+  std::lock_guard g(j.mu);
+  j.pending += delta;
+  j.cv.notify_all();
+}
+
+bool Scheduler::step_text(Active& a, int32_t id) {
+  if (!tok_) return false;
+  const size_t before = a.text.size();
+  a.text += tok_->token_text(id);
+  const Job& j = *a.job;
+  if (!j.stop.empty()) {
+    size_t longest = 0;
+    for (auto& s : j.stop) longest = std::max(longest, s.size());
+    const size_t from = before >= longest ? before - longest + 1 : 0;  // a match must end in the new bytes
+    size_t hit = std::string::npos;
+    for (auto& s : j.stop) hit = std::min(hit, a.text.find(s, from));
+    if (hit != std::string::npos) {
+      a.text.resize(std::max(hit, a.sent));
+      return true;
+    }
+  }
+  // Hold back a tail that may be the start of a stop string, and an incomplete UTF-8 sequence.
+  size_t safe = a.text.size();
+  for (auto& s : j.stop)
+    for (size_t k = std::min(s.size() - 1, a.text.size()); k > 0; --k)
+      if (a.text.compare(a.text.size() - k, k, s, 0, k) == 0) {
+        safe = std::min(safe, a.text.size() - k);
+        break;
+      }
+  if (safe > a.sent) {
+    size_t i = safe - 1;
+    while (i > a.sent && i + 4 > safe && (static_cast<unsigned char>(a.text[i]) & 0xC0) == 0x80) --i;
+    const unsigned char lead = static_cast<unsigned char>(a.text[i]);
+    const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    if (i + need > safe) safe = i;
+  }
+  if (safe > a.sent) {
+    publish(*a.job, a.text.substr(a.sent, safe - a.sent));
+    a.sent = safe;
+  }
+  return false;
+}
+
+void Scheduler::finish(Active& a, const std::string& reason, const std::string& error) {
+  if (a.finished) return;
+  a.finished = true;
+  Job& j = *a.job;
+  const auto now = clock_t_::now();
+  JobSummary s;
+  s.prompt_tokens = static_cast<int>(j.prompt.size());
+  s.completion_tokens = a.produced;
+  s.omega_msr = j.routing.msr();
+  s.omega_esr = a.stats.esr();
+  s.attention_flops_ratio = a.stats.flops_ratio();
+  s.kv_cache_bytes = a.cache.bytes();
+  s.queue_s = secs(a.t_admit - j.submitted);
+  s.prefill_s = a.t_first > a.t_admit ? secs(a.t_first - a.t_admit) : 0;
+  s.decode_s = a.t_first > a.t_admit ? secs(now - a.t_first) : 0;
+  const bool cancelled = reason == "cancelled";
+  // Counters and the slot / KV reservation are released before the client can see the end, so a client that
+  // has its answer also sees it in /metrics and its slot free.
+  a.cache = KVCache{};
+  {
+    std::lock_guard g(met_.mu);
+    if (cancelled) ++met_.requests_cancelled;
+    else if (!error.empty()) ++met_.requests_error;
+    else ++met_.requests_ok;
+    met_.prompt_tokens += s.prompt_tokens;
+    met_.generated_tokens += s.completion_tokens;
+    met_.msr_sum += s.omega_msr;
+    met_.esr_sum += s.omega_esr;
+    ++met_.msr_count;
+  }
+  {
+    std::lock_guard g(mu_);
+    kv_in_use_ -= j.kv_bytes;
+    --running_;
+    publish_gauges_locked();
+  }
+  if (o_.log)
+    std::fprintf(stderr, "request: %s | prompt %d | completion %d | queue %.3f s | prefill %.3f s | decode %.3f s | "
+                 "Omega_MSR %.3f | Omega_ESR %.3f | kv %.2f MiB%s%s\n",
+                 reason.c_str(), s.prompt_tokens, s.completion_tokens, s.queue_s, s.prefill_s, s.decode_s, s.omega_msr,
+                 s.omega_esr, s.kv_cache_bytes / 1048576.0, error.empty() ? "" : " | error: ", error.c_str());
+  {
+    std::lock_guard g(j.mu);
+    if (!cancelled && error.empty() && a.sent < a.text.size()) j.pending += a.text.substr(a.sent);
+    j.summary = s;
+    j.finish_reason = reason;
+    j.error = error;
+    j.done = true;
+    j.cv.notify_all();
+  }
+}
+
+void Scheduler::loop() {
+  if (o_.threads > 0) omp_set_num_threads(o_.threads);  // per-thread setting: the engine thread runs the model
+  const int V = m_.config.vocab;
+  std::vector<float> logits;
+  // Handles one sampled id; returns true when the request is finished.
+  auto on_token = [&](Active& a, int32_t id) {
+    ++a.produced;
+    const Job& j = *a.job;
+    if (j.stop_at_eos && std::find(eos_.begin(), eos_.end(), id) != eos_.end()) {
+      finish(a, "stop");
+      return;
+    }
+    if (step_text(a, id)) {
+      finish(a, "stop");
+      return;
+    }
+    if (a.produced >= j.max_tokens || a.cache.length >= a.cache.capacity) {
+      finish(a, "length");
+      return;
+    }
+    a.next = id;
+  };
+
+  for (;;) {
+    std::vector<std::unique_ptr<Active>> admitted;
+    std::vector<std::shared_ptr<Job>> dropped;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || !active_.empty() || !waiting_.empty(); });
+      if (stopping_) return;
+      // Clients that left while waiting free their place in the queue.
+      for (auto it = waiting_.begin(); it != waiting_.end();)
+        if ((*it)->cancelled) {
+          dropped.push_back(*it);
+          it = waiting_.erase(it);
+        } else {
+          ++it;
+        }
+      while (!waiting_.empty() && running_ < o_.max_slots &&
+             kv_in_use_ + waiting_.front()->kv_bytes <= o_.kv_budget_bytes) {
+        admitted.push_back(std::make_unique<Active>(waiting_.front()));
+        kv_in_use_ += waiting_.front()->kv_bytes;
+        ++running_;
+        waiting_.pop_front();
+      }
+      publish_gauges_locked();
+    }
+    for (auto& j : dropped) {
+      {
+        std::lock_guard g(met_.mu);
+        ++met_.requests_cancelled;
+      }
+      std::lock_guard g(j->mu);
+      j->done = true;
+      j->finish_reason = "cancelled";
+      j->cv.notify_all();
+    }
+    // Prefill the newcomers one by one, each with its own routing and hybrid cache.
+    for (auto& up : admitted) {
+      Active& a = *up;
+      Job& j = *a.job;
+      a.t_admit = clock_t_::now();
+      if (secs(a.t_admit - j.submitted) > 0.005) {
+        std::lock_guard g(met_.mu);
+        ++met_.requests_waited;
+      }
+      {
+        std::lock_guard g(j.mu);
+        j.started = true;
+      }
+      if (j.cancelled) {
+        finish(a, "cancelled");
+        continue;
+      }
+      try {
+        if (j.use_router) {
+          // The router sizes each layer's cache as it decides; the reservation shrinks to what was allocated.
+          a.cache.init_deferred(m_.config, j.capacity);
+          m_.prefill(j.prompt.data(), static_cast<int>(j.prompt.size()), o_.prefill_chunk, a.cache, logits, false,
+                     &a.stats, nullptr);
+          j.routing = a.cache.routing;
+          std::lock_guard g(mu_);
+          kv_in_use_ = kv_in_use_ - j.kv_bytes + a.cache.bytes();
+          j.kv_bytes = a.cache.bytes();
+          publish_gauges_locked();
+        } else {
+          a.cache.init(m_.config, j.capacity, &j.routing);
+          m_.prefill(j.prompt.data(), static_cast<int>(j.prompt.size()), o_.prefill_chunk, a.cache, logits, false,
+                     &a.stats, &j.routing);
+        }
+        a.t_first = clock_t_::now();
+        {
+          std::lock_guard g(met_.mu);
+          met_.prefill_s += secs(a.t_first - a.t_admit);
+        }
+        on_token(a, a.sampler.sample(logits.data(), V));
+      } catch (const std::exception& e) {
+        finish(a, "error", e.what());
+      }
+      active_.push_back(std::move(up));
+    }
+    // Clients that disconnected free their slots before the step.
+    for (auto& a : active_)
+      if (!a->finished && a->job->cancelled) finish(*a, "cancelled");
+    std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->finished; });
+    if (active_.empty()) continue;
+
+    std::vector<DecodeSlot> slots;
+    slots.reserve(active_.size());
+    for (auto& a : active_) slots.push_back({a->next, &a->cache, &a->job->routing, &a->stats});
+    const auto t0 = clock_t_::now();
+    try {
+      decode_batch(m_, slots, logits);
+    } catch (const std::exception& e) {
+      for (auto& a : active_) finish(*a, "error", e.what());
+      active_.clear();
+      continue;
+    }
+    {
+      std::lock_guard g(met_.mu);
+      met_.decode_s += secs(clock_t_::now() - t0);
+      met_.decode_tokens += slots.size();
+      ++met_.decode_steps;
+    }
+    for (size_t b = 0; b < active_.size(); ++b)
+      on_token(*active_[b], active_[b]->sampler.sample(logits.data() + b * static_cast<size_t>(V), V));
+    std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->finished; });
+  }
+}
+
+}  // namespace elastic::server

@@ -1,0 +1,65 @@
+// elastic serve: the OpenAI-compatible HTTP server (see docs/SERVER.md).
+#include <cstdio>
+#include <memory>
+
+#include "cli_common.h"
+#include "elastic/router.h"
+#include "elastic/server.h"
+
+namespace elastic::cli {
+
+void add_serve_command(CLI::App& app, Commands& cmds) {
+  struct Opts {
+    std::string model, host = "127.0.0.1", tok, routing, mode, name, router;
+    int port = 8080, ctx = 0, threads = 0, parallel = 4;
+    double kv_mib = 1024, body_mib = 1;
+    bool quiet = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with per-request routing");
+  sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
+  sub->add_option("--host", o->host, "Address to listen on");
+  sub->add_option("--port", o->port, "Port (0 = any free port)")->check(CLI::Range(0, 65535));
+  sub->add_option("-c,--ctx-size", o->ctx, "Max prompt + max_tokens per request (default: the model's)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("-t,--threads", o->threads, "CPU threads of the engine")->check(CLI::NonNegativeNumber);
+  sub->add_option("--parallel", o->parallel, "Requests decoded together (slots)")->check(CLI::PositiveNumber);
+  sub->add_option("--kv-budget-mib", o->kv_mib, "KV-cache memory of all running requests, MiB")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--max-body-mib", o->body_mib, "Largest request body, MiB")->check(CLI::PositiveNumber);
+  sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's)");
+  sub->add_option("--name", o->name, "Model id in the API (default: the model folder's name)");
+  sub->add_option("--routing", o->routing, "Routing JSON: mode per layer per KV head plus sparse settings");
+  sub->add_option("--mode", o->mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
+  sub->add_option("--router", o->router,
+                  "Trained router (safetensors): routes each request from its own prompt at prefill");
+  sub->add_flag("-q,--quiet", o->quiet, "No per-request lines on stderr");
+  cmds.push_back({sub, [o] {
+    Model m = Model::load(o->model);
+    if (!o->router.empty() && (!o->routing.empty() || !o->mode.empty()))
+      throw std::runtime_error("serve: give --router or --routing/--mode, not both");
+    apply_routing(m, o->routing, o->mode);
+    if (!o->router.empty()) m.router = std::make_shared<const Router>(Router::load(o->router, m.config));
+    ServerOptions so;
+    so.host = o->host;
+    so.port = o->port;
+    so.model_name = o->name;
+    so.max_slots = o->parallel;
+    so.kv_budget_bytes = static_cast<size_t>(o->kv_mib * 1048576.0);
+    so.max_body_bytes = static_cast<size_t>(o->body_mib * 1048576.0);
+    so.max_context = o->ctx;
+    so.threads = o->threads;
+    so.tokenizer_path = o->tok;
+    so.log_requests = !o->quiet;
+    char msr[32];
+    std::snprintf(msr, sizeof msr, "%.3f", m.routing.msr());
+    const std::string routing_desc = m.router ? "per-request router " + o->router : std::string("fixed routing, Omega_MSR ") + msr;
+    Server srv(std::move(m), o->model, so);
+    const int port = srv.bind();
+    std::fprintf(stderr, "elastic serve: listening on http://%s:%d (%d slots, KV budget %.0f MiB, %s)\n",
+                 o->host.c_str(), port, o->parallel, o->kv_mib, routing_desc.c_str());
+    srv.serve();
+  }});
+}
+
+}  // namespace elastic::cli
