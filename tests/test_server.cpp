@@ -383,8 +383,11 @@ class ServerHttp : public ::testing::Test {
   static void TearDownTestSuite() {
     delete srv_;
     delete tok_;
-    fs::remove_all(*dir_);
+    if (dir_) fs::remove_all(*dir_);  // set-up may have thrown before the folder existed
     delete dir_;
+    srv_ = nullptr;
+    tok_ = nullptr;
+    dir_ = nullptr;
   }
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", srv_->port());

@@ -26,8 +26,6 @@ void add_route_command(CLI::App& app, Commands& cmds);
 void add_train_router_command(CLI::App& app, Commands& cmds);
 void add_eval_command(CLI::App& app, Commands& cmds);
 void add_serve_command(CLI::App& app, Commands& cmds);
-// Chat-template hook for `elastic eval` (cmd_eval.cpp): model dir -> user-prompt formatter; empty = raw prompts.
-std::function<std::function<std::string(const std::string&)>(const std::string& model_dir)>& eval_chat_template_hook();
 
 std::string ids_json(const std::vector<int32_t>& ids);
 std::string read_text_file(const std::string& path);

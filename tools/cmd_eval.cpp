@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli_common.h"
+#include "elastic/chat_template.h"
 #include "elastic/eval.h"
 #include "elastic/router.h"
 #include "elastic/tokenizer.h"
@@ -31,11 +32,6 @@ std::vector<std::string> split_list(const std::string& s) {
 
 // Chat-template hook for `elastic eval`: empty = prompts are used raw. The lead sets this to the model's chat
 // template formatter (a function of the model folder) once templates are supported.
-std::function<ChatFormat(const std::string& model_dir)>& eval_chat_template_hook() {
-  static std::function<ChatFormat(const std::string&)> h;
-  return h;
-}
-
 void add_eval_command(CLI::App& app, Commands& cmds) {
   struct Opts {
     std::string model, suite = "ruler", tasks, lengths = "4k,8k,16k,32k", methods, routing, mode, scores, hay, code,
@@ -43,6 +39,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
     int samples = 50, threads = 0, chunk = kDefaultPrefillChunk;
     uint64_t seed = 0;
     SparseSettings sparse;
+    bool no_chat = false;
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("eval", "Long-context evaluation (RULER-style suite) over routing methods");
@@ -64,6 +61,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
   sub->add_option("-o,--output", o->out, "Output folder (results.jsonl, results.md, summary.json, SVGs)");
   sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  sub->add_flag("--no-chat", o->no_chat, "Do not apply the model's chat template to prompts");
   sub->add_option("--block", o->sparse.block, "Sparse block size of the built-in methods (64 or 128)");
   sub->add_option("--sink", o->sparse.sink, "Streaming sink tokens of the built-in methods");
   sub->add_option("--local", o->sparse.local, "Streaming local window tokens of the built-in methods");
@@ -90,7 +88,17 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
     eo.out_dir = o->out;
     eo.model_id = fs::weakly_canonical(fs::path(o->model)).string();
     eo.prefill_chunk = o->chunk;
-    if (t && eval_chat_template_hook()) eo.chat = eval_chat_template_hook()(o->model);
+    // Instruct models answer in their chat format: the user prompt goes through the model's template when it has a
+    // known one (the answer prefix then opens the assistant turn).
+    if (t && !o->no_chat) {
+      ChatTemplate ct = ChatTemplate::from_model_dir(o->model);
+      if (ct.family() != ChatFamily::None && ct.family() != ChatFamily::Unknown) {
+        eo.chat = [ct](const std::string& user) { return ct.apply({{"user", user}}, true); };
+        std::fprintf(stderr, "eval: chat template %s applied (--no-chat to turn off)\n", chat_family_name(ct.family()));
+      } else if (ct.family() == ChatFamily::Unknown) {
+        std::fprintf(stderr, "eval: the model's chat template is not a known family: raw prompts\n");
+      }
+    }
 
     // Tasks, lengths and folders are checked before any probing, so bad options fail at once.
     check_eval_options(m, t.get(), {method_uniform("full", HeadMode::Full)}, eo);

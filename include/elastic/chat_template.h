@@ -29,7 +29,7 @@ struct ChatTemplateError : std::runtime_error {
 class ChatTemplate {
  public:
   ChatTemplate() = default;  // family None
-  // Reads <dir>/tokenizer_config.json: no file or no "chat_template" -> None. Throws std::runtime_error naming the
+  // Reads <dir>/tokenizer_config.json (or a .gguf file's tokenizer.chat_template): no file or no "chat_template" -> None. Throws std::runtime_error naming the
   // file on malformed JSON or a chat_template / bos_token of the wrong type.
   static ChatTemplate from_model_dir(const std::string& model_dir);
   // `source` names where the template came from in error messages.

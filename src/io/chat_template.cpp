@@ -1,5 +1,7 @@
 #include "elastic/chat_template.h"
 
+#include "elastic/gguf.h"
+
 #include <ctime>
 #include <filesystem>
 
@@ -93,6 +95,16 @@ ChatTemplate ChatTemplate::from_string(const std::string& t, const std::string& 
 }
 
 ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
+  // A GGUF file carries its template in the metadata.
+  if (fs::is_regular_file(dir) && fs::path(dir).extension() == ".gguf") {
+    gguf::File f = gguf::File::open(dir);
+    if (!f.find("tokenizer.chat_template")) {
+      ChatTemplate c;
+      c.source_ = dir;
+      return c;
+    }
+    return from_string(f.get_string("tokenizer.chat_template"), "", dir + ": tokenizer.chat_template");
+  }
   const fs::path p = fs::path(dir) / "tokenizer_config.json";
   if (!fs::exists(p)) {
     ChatTemplate c;
