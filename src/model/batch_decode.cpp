@@ -6,6 +6,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "model/cached_attention.h"
 #include "model/ops.h"
 
 namespace elastic {
@@ -69,7 +70,6 @@ void decode_batch(const Model& m, const std::vector<DecodeSlot>& slots, std::vec
   for (int b = 0; b < B; ++b)
     std::copy_n(W.embed.data() + static_cast<size_t>(slots[b].token) * D, D, x.data() + static_cast<size_t>(b) * D);
 
-  std::vector<HeadKV> kv(Hkv);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = W.layers[l];
     rmsnorm_rows(x.data(), L.attn_norm.data(), h.data(), B, D, c.rms_eps);
@@ -81,50 +81,14 @@ void decode_batch(const Model& m, const std::vector<DecodeSlot>& slots, std::vec
       rmsnorm_rows(k.data(), L.k_norm.data(), k.data(), B * Hkv, hd, c.rms_eps);
     }
     for (int b = 0; b < B; ++b) {
-      const KVCache& kc = *slots[b].cache;
-      const int pos0 = kc.length;
+      const int pos0 = slots[b].cache->length;
       float* qb = q.data() + static_cast<size_t>(b) * Hq * hd;
       float* kb = k.data() + static_cast<size_t>(b) * Hkv * hd;
       const float* vb = v.data() + static_cast<size_t>(b) * Hkv * hd;
       apply_rope(qb, 1, Hq, hd, pos0, m.rope_inv_freq);  // each row at its own sequence's position
       apply_rope(kb, 1, Hkv, hd, pos0, m.rope_inv_freq);
-      const RoutingTable& r = slot_routing(m, slots[b]);
-      for (int kh = 0; kh < Hkv; ++kh) {
-        const size_t ci = static_cast<size_t>(l) * Hkv + kh;
-        HeadKV& e = kv[kh];
-        e.k_cache = kc.k[ci].data();
-        e.v_cache = kc.v[ci].data();
-        e.sink_slots = kc.sink_slots[ci];
-        e.ring_slots = kc.ring_slots[ci];
-        e.k_new = kb + static_cast<size_t>(kh) * hd;
-        e.v_new = vb + static_cast<size_t>(kh) * hd;
-        e.new_stride = Hkv * hd;
-        e.pos0 = pos0;
-        e.hd = hd;
-      }
-      AttentionArgs a;
-      a.q = qb;
-      a.kv = kv.data();
-      a.out = att.data() + static_cast<size_t>(b) * Hq * hd;
-      a.T = 1;
-      a.pos0 = pos0;
-      a.n_heads = Hq;
-      a.n_kv_heads = Hkv;
-      a.head_dim = hd;
-      a.modes = r.mode.data() + static_cast<size_t>(l) * Hkv;
-      a.sparse = &r.sparse;
-      a.stats = slots[b].stats;
-      a.track_esr = slots[b].stats && l == c.n_layers - 1;
-      a.prefill = false;
-      attention_forward(a);
-      // Append after attention (a streaming head's ring may reuse a slot read above).
-      KVCache& wc = *slots[b].cache;
-      for (int kh = 0; kh < Hkv; ++kh) {
-        const size_t ci = static_cast<size_t>(l) * Hkv + kh;
-        const size_t slot = kv[kh].slot(pos0);
-        std::copy_n(kb + static_cast<size_t>(kh) * hd, hd, wc.k[ci].data() + slot * hd);
-        std::copy_n(vb + static_cast<size_t>(kh) * hd, hd, wc.v[ci].data() + slot * hd);
-      }
+      cached_attention(c, l, qb, kb, vb, 1, pos0, *slots[b].cache, slot_routing(m, slots[b]),
+                       att.data() + static_cast<size_t>(b) * Hq * hd, slots[b].stats, nullptr, false);
     }
     linear(att.data(), L.wo.data(), {}, o.data(), B, D, Hq * hd);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];

@@ -1,5 +1,6 @@
 #include "elastic/model.h"
 
+#include "model/cached_attention.h"
 #include "model/ops.h"
 
 #include <algorithm>
@@ -35,11 +36,10 @@ namespace {
 // Activation plan of one call of T rows: normed h, q/k/v, attention out, projection out, MLP gate/up.
 struct Work {
   std::vector<float> h, q, k, v, att, o, g, u;
-  std::vector<HeadKV> kv;
   Work(const ModelConfig& c, int T)
       : h(static_cast<size_t>(T) * c.hidden), q(static_cast<size_t>(T) * c.n_heads * c.head_dim),
         k(static_cast<size_t>(T) * c.n_kv_heads * c.head_dim), v(k.size()), att(q.size()), o(h.size()),
-        g(static_cast<size_t>(T) * c.intermediate), u(g.size()), kv(c.n_kv_heads) {}
+        g(static_cast<size_t>(T) * c.intermediate), u(g.size()) {}
 };
 
 void check_routing_shape(const RoutingTable& r, const ModelConfig& c) {
@@ -83,51 +83,10 @@ void layer_step(const Model& m, int l, float* x, int T, int pos0, KVCache& cache
                 Work& w, AttentionStats* stats, float* last_row_probs, bool prefill) {
   const ModelConfig& c = m.config;
   const LayerWeights& L = m.weights.layers[l];
-  const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, F = c.intermediate;
+  const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, F = c.intermediate;
   qkv(m, l, x, T, pos0, w, true);
-  for (int kh = 0; kh < Hkv; ++kh) {
-    const size_t ci = static_cast<size_t>(l) * Hkv + kh;
-    HeadKV& e = w.kv[kh];
-    e.k_cache = cache.k[ci].data();
-    e.v_cache = cache.v[ci].data();
-    e.sink_slots = cache.sink_slots[ci];
-    e.ring_slots = cache.ring_slots[ci];
-    // A ring cache holds only a streaming head's window: any other mode would read overwritten keys.
-    if (e.ring_slots && routing.at(l, kh) != HeadMode::Streaming)
-      throw std::runtime_error("KV cache was built for another routing: layer " + std::to_string(l) + " KV head " +
-                               std::to_string(kh) + " has a streaming window cache but is routed " +
-                               head_mode_name(routing.at(l, kh)));
-    e.k_new = w.k.data() + static_cast<size_t>(kh) * hd;
-    e.v_new = w.v.data() + static_cast<size_t>(kh) * hd;
-    e.new_stride = Hkv * hd;
-    e.pos0 = pos0;
-    e.hd = hd;
-  }
-  AttentionArgs a;
-  a.q = w.q.data();
-  a.kv = w.kv.data();
-  a.out = w.att.data();
-  a.T = T;
-  a.pos0 = pos0;
-  a.n_heads = Hq;
-  a.n_kv_heads = Hkv;
-  a.head_dim = hd;
-  a.modes = routing.mode.data() + static_cast<size_t>(l) * Hkv;
-  a.sparse = &routing.sparse;
-  a.stats = stats;
-  a.track_esr = stats && l == c.n_layers - 1;
-  a.prefill = prefill || T > 1;
-  a.last_row_probs = last_row_probs;
-  attention_forward(a);
-  // Append this call's keys/values after attention (a streaming head's ring may reuse slots read above).
-  for (int kh = 0; kh < Hkv; ++kh) {
-    const size_t ci = static_cast<size_t>(l) * Hkv + kh;
-    for (int t = 0; t < T; ++t) {
-      const size_t slot = w.kv[kh].slot(pos0 + t);
-      std::copy_n(w.k.data() + (static_cast<size_t>(t) * Hkv + kh) * hd, hd, cache.k[ci].data() + slot * hd);
-      std::copy_n(w.v.data() + (static_cast<size_t>(t) * Hkv + kh) * hd, hd, cache.v[ci].data() + slot * hd);
-    }
-  }
+  cached_attention(c, l, w.q.data(), w.k.data(), w.v.data(), T, pos0, cache, routing, w.att.data(), stats,
+                   last_row_probs, prefill);
   const size_t n = static_cast<size_t>(T) * D;
   linear(w.att.data(), L.wo.data(), {}, w.o.data(), T, D, Hq * hd);
   for (size_t i = 0; i < n; ++i) x[i] += w.o[i];
