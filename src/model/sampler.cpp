@@ -9,18 +9,28 @@ namespace elastic {
 int32_t Sampler::sample(const float* logits, int vocab) {
   if (p_.temperature <= 0.f)
     return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);  // first max, like torch.argmax
-  std::vector<int32_t> idx(vocab);
-  std::iota(idx.begin(), idx.end(), 0);
+  // Only top-k and top-p need the candidates in order; plain temperature sampling draws in id order (no sort of a
+  // 150k vocabulary per token).
+  const float mx = *std::max_element(logits, logits + vocab);
+  std::vector<int32_t> idx;
   int n = vocab;
+  auto by_logit = [&](int a, int b) { return logits[a] > logits[b]; };
   if (p_.top_k > 0 && p_.top_k < vocab) {
-    std::partial_sort(idx.begin(), idx.begin() + p_.top_k, idx.end(),
-                      [&](int a, int b) { return logits[a] > logits[b]; });
+    idx.resize(vocab);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + p_.top_k, idx.end(), by_logit);
     n = p_.top_k;
+  } else if (p_.top_p < 1.f) {
+    // Tokens below e^-40 of the best cannot change a top-p prefix: sort only the rest.
+    for (int i = 0; i < vocab; ++i)
+      if ((logits[i] - mx) / p_.temperature > -40.f) idx.push_back(i);
+    std::sort(idx.begin(), idx.end(), by_logit);
+    n = static_cast<int>(idx.size());
   } else {
-    std::sort(idx.begin(), idx.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+    idx.resize(vocab);
+    std::iota(idx.begin(), idx.end(), 0);
   }
   std::vector<double> prob(n);
-  const double mx = logits[idx[0]];
   double sum = 0;
   for (int i = 0; i < n; ++i) sum += prob[i] = std::exp((logits[idx[i]] - mx) / p_.temperature);
   if (p_.top_p < 1.f) {  // smallest prefix whose mass reaches top_p
