@@ -44,6 +44,7 @@ void validate_sparse(const SparseSettings& s, const std::string& source);
 // causal key blocks skipped (for Omega_ESR).
 struct AttentionStats {
   double pairs_done = 0, pairs_full = 0;
+  double seconds = 0;  // wall time spent in attention_forward (selection included)
   std::vector<double> blocks_skipped, blocks_causal;  // per KV head of the last layer, weighted by rows done
   double flops_ratio() const { return pairs_full > 0 ? pairs_done / pairs_full : 1.0; }
   double esr() const;  // Omega_ESR: mean over heads of skipped / causal key blocks

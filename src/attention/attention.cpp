@@ -1,6 +1,7 @@
 #include "elastic/attention.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
@@ -67,6 +68,7 @@ int sparse_row(const float* q, const HeadKV& kv, int p, int hd, int B, float sca
 }  // namespace
 
 void attention_forward(const AttentionArgs& a) {
+  const auto t_start = std::chrono::steady_clock::now();
   if (a.n_heads % a.n_kv_heads) throw std::invalid_argument("attention_forward: Hq not a multiple of Hkv");
   static const SparseSettings kDefault;
   const SparseSettings& sp = a.sparse ? *a.sparse : kDefault;
@@ -112,6 +114,7 @@ void attention_forward(const AttentionArgs& a) {
   }
   if (!a.stats) return;
   AttentionStats& st = *a.stats;
+  st.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   st.pairs_done += done;
   for (int t = 0; t < a.T; ++t) st.pairs_full += static_cast<double>(a.pos0 + t + 1) * a.n_heads;
   if (a.track_esr) {
