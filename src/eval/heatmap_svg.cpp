@@ -11,20 +11,6 @@ namespace elastic {
 
 namespace {
 
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&apos;"; break;
-      default: o += ch;
-    }
-  }
-  return o;
-}
 
 // Viridis-like scale: t in [0, 1] -> "#rrggbb".
 std::string color(double t) {
@@ -51,6 +37,21 @@ std::string fmt(double v) {
 int label_step(int n) { return n <= 32 ? 1 : (n + 31) / 32; }
 
 }  // namespace
+
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char ch : s) {
+    switch (ch) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      case '\'': o += "&apos;"; break;
+      default: o += ch;
+    }
+  }
+  return o;
+}
 
 void write_heatmap_svg(const std::string& path, const std::vector<double>& values, int rows, int cols,
                        const std::string& title, const std::string& row_label, const std::string& col_label) {

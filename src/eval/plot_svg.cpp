@@ -1,5 +1,7 @@
 #include "elastic/plot_svg.h"
 
+#include "elastic/heatmap_svg.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -20,19 +22,6 @@ const char* palette(size_t i) {
   return c[i % 10];
 }
 
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += ch;
-    }
-  }
-  return o;
-}
 
 std::string num(double v) {
   char b[32];
@@ -82,7 +71,7 @@ struct Canvas {
       << kW << " " << kH << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       << "<text class=\"title\" x=\"" << (kW - kR + kL) / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">"
-      << esc(title) << "</text>\n";
+      << xml_escape(title) << "</text>\n";
   }
   void axes(const std::string& xl, const std::string& yl, const std::vector<std::pair<double, std::string>>& xt) {
     o << "<rect x=\"" << kL << "\" y=\"" << kT << "\" width=\"" << kW - kL - kR << "\" height=\"" << kH - kT - kB
@@ -94,16 +83,16 @@ struct Canvas {
         << "</text>\n";
     }
     for (const auto& [x, label] : xt)
-      o << "<text x=\"" << x << "\" y=\"" << kH - kB + 18 << "\" text-anchor=\"middle\">" << esc(label) << "</text>\n";
-    o << "<text x=\"" << (kW - kR + kL) / 2 << "\" y=\"" << kH - 14 << "\" text-anchor=\"middle\">" << esc(xl)
+      o << "<text x=\"" << x << "\" y=\"" << kH - kB + 18 << "\" text-anchor=\"middle\">" << xml_escape(label) << "</text>\n";
+    o << "<text x=\"" << (kW - kR + kL) / 2 << "\" y=\"" << kH - 14 << "\" text-anchor=\"middle\">" << xml_escape(xl)
       << "</text>\n<text transform=\"translate(18," << (kH - kB + kT) / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
-      << esc(yl) << "</text>\n";
+      << xml_escape(yl) << "</text>\n";
   }
   void legend(const std::vector<std::string>& names) {
     for (size_t i = 0; i < names.size(); ++i) {
       const double y = kT + 10 + i * 18.0;
       o << "<rect class=\"legend\" x=\"" << kW - kR + 14 << "\" y=\"" << y - 9 << "\" width=\"12\" height=\"12\" fill=\""
-        << palette(i) << "\"/><text x=\"" << kW - kR + 32 << "\" y=\"" << y + 1 << "\">" << esc(names[i]) << "</text>\n";
+        << palette(i) << "\"/><text x=\"" << kW - kR + 32 << "\" y=\"" << y + 1 << "\">" << xml_escape(names[i]) << "</text>\n";
     }
   }
   void save(const std::string& path) {
@@ -151,10 +140,10 @@ void write_line_chart_svg(const std::string& path, const std::string& title, con
     std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return s.x[a] < s.x[b]; });
     c.o << "<polyline class=\"series\" fill=\"none\" stroke-width=\"2\" stroke=\"" << palette(si) << "\" points=\"";
     for (size_t i : idx) c.o << c.px(s.x[i]) << "," << c.py(s.y[i]) << " ";
-    c.o << "\"><title>" << esc(s.name) << "</title></polyline>\n";
+    c.o << "\"><title>" << xml_escape(s.name) << "</title></polyline>\n";
     for (size_t i : idx)
       c.o << "<circle class=\"point\" r=\"3.5\" fill=\"" << palette(si) << "\" cx=\"" << c.px(s.x[i]) << "\" cy=\""
-          << c.py(s.y[i]) << "\"><title>" << esc(s.name) << ": " << num(s.x[i]) << ", " << num(s.y[i])
+          << c.py(s.y[i]) << "\"><title>" << xml_escape(s.name) << ": " << num(s.x[i]) << ", " << num(s.y[i])
           << "</title></circle>\n";
   }
   c.legend(names);
@@ -182,7 +171,7 @@ void write_bar_chart_svg(const std::string& path, const std::string& title, cons
   // Group labels rotated so long task names fit.
   for (const auto& [x, label] : xt)
     c.o << "<text transform=\"translate(" << x << "," << kH - kB + 12 << ") rotate(30)\" font-size=\"10\">"
-        << esc(label) << "</text>\n";
+        << xml_escape(label) << "</text>\n";
   const double gw = (kW - kL - kR) / std::max<double>(1, groups.size());
   const double bw = gw * 0.8 / std::max<size_t>(1, series.size());
   for (size_t s = 0; s < series.size(); ++s)
@@ -191,8 +180,8 @@ void write_bar_chart_svg(const std::string& path, const std::string& title, cons
       if (!std::isfinite(v)) continue;
       const double x = kL + g * gw + gw * 0.1 + s * bw, y0 = c.py(0), y1 = c.py(v);
       c.o << "<rect class=\"bar\" x=\"" << x << "\" y=\"" << std::min(y0, y1) << "\" width=\"" << bw * 0.95
-          << "\" height=\"" << std::abs(y0 - y1) << "\" fill=\"" << palette(s) << "\"><title>" << esc(series[s]) << " / "
-          << esc(groups[g]) << ": " << num(v) << "</title></rect>\n";
+          << "\" height=\"" << std::abs(y0 - y1) << "\" fill=\"" << palette(s) << "\"><title>" << xml_escape(series[s]) << " / "
+          << xml_escape(groups[g]) << ": " << num(v) << "</title></rect>\n";
     }
   c.legend(series);
   c.save(path);
@@ -238,7 +227,7 @@ void write_scatter_svg(const std::string& path, const std::string& title, const 
     names.push_back(p.label);
     if (!std::isfinite(p.x) || !std::isfinite(p.y)) continue;
     c.o << "<circle class=\"point\" r=\"5\" fill=\"" << palette(i) << "\" cx=\"" << c.px(p.x) << "\" cy=\"" << c.py(p.y)
-        << "\"><title>" << esc(p.label) << ": " << num(p.x) << ", " << num(p.y) << "</title></circle>\n";
+        << "\"><title>" << xml_escape(p.label) << ": " << num(p.x) << ", " << num(p.y) << "</title></circle>\n";
   }
   c.legend(names);
   c.save(path);
