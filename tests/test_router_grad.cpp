@@ -10,6 +10,7 @@
 #include "elastic/model.h"
 #include "elastic/router.h"
 #include "router/router_mlp.h"
+#include "train/adamw.h"
 #include "train/attention_grad.h"
 #include "train/grad_ops.h"
 #include "train/router_step.h"
@@ -153,6 +154,34 @@ TEST(RouterGrad, RouterMlpAndGate) {
 }
 
 namespace {
+
+// A gate saturated towards FULL still passes a (tiny, positive) gradient in float, the same as float64's.
+TEST(RouterGrad, SaturatedGateGradientInFloat) {
+  for (float margin : {20.f, 40.f, 80.f}) {
+    float lf[2] = {0.f, margin}, df[2];
+    double ld[2] = {0.0, margin}, dd[2];
+    router::gate<float>(lf, 2, 0.f, 1.f, true, df, nullptr);
+    router::gate<double>(ld, 2, 0.0, 1.0, true, dd, nullptr);
+    EXPECT_GT(df[1], 0.f) << "margin " << margin;
+    EXPECT_NEAR(df[1] / dd[1], 1.0, 1e-5) << "margin " << margin;
+  }
+}
+
+// Masked AdamW: elements sitting out a step keep their value and their moments.
+TEST(RouterGrad, AdamWSkipsInactiveElements) {
+  AdamW a;
+  a.maximize = true;
+  float p[2] = {0.f, 0.f};
+  const double g[2] = {1.0, 1.0};
+  const char both[2] = {1, 1}, first[2] = {1, 0};
+  a.step(p, g, 2, 0.1, both);
+  const float p1 = p[1];
+  for (int i = 0; i < 5; ++i) a.step(p, g, 2, 0.1, first);
+  EXPECT_EQ(p[1], p1);
+  EXPECT_GT(p[0], p1);
+  EXPECT_EQ(a.t[0], 6);
+  EXPECT_EQ(a.t[1], 1);
+}
 
 // The whole router gradient through a fixture model: soft gates (the hard gate is a step function), fixed noise.
 void whole_router_check(const std::string& fixture, HeadMode sparse_mode, bool sigmoid) {

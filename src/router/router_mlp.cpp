@@ -101,8 +101,11 @@ void mlp_bwd(const Real* P, int d, int C, const Real* x, int n, const MlpActs<Re
 template <class Real>
 Real gate(const Real* logits, int C, Real noise, Real tau, bool hard, Real* dsoft, Real* soft_out) {
   const Real margin = C == 2 ? logits[1] - logits[0] : logits[0];
-  const Real soft = Real(1) / (Real(1) + std::exp(-(margin + noise) / tau));
-  const Real g = soft * (Real(1) - soft) / tau;
+  const Real x = (margin + noise) / tau;
+  const Real soft = Real(1) / (Real(1) + std::exp(-x));
+  // soft*(1-soft) from e^-|x| directly: in float, 1-soft rounds to 0 once the gate saturates towards FULL.
+  const Real e = std::exp(-std::abs(x));
+  const Real g = e / ((Real(1) + e) * (Real(1) + e)) / tau;
   if (dsoft) {
     if (C == 2) {
       dsoft[1] = g;

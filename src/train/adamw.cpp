@@ -4,15 +4,17 @@
 
 namespace elastic::train {
 
-void AdamW::step(float* p, const double* g, size_t n, double lr) {
+void AdamW::step(float* p, const double* g, size_t n, double lr, const char* active) {
   if (m.size() != n) {
     m.assign(n, 0.0);
     v.assign(n, 0.0);
+    t.assign(n, 0);
   }
-  ++t;
-  const double c1 = 1.0 - std::pow(beta1, static_cast<double>(t)), c2 = 1.0 - std::pow(beta2, static_cast<double>(t));
   const double sign = maximize ? -1.0 : 1.0;
   for (size_t i = 0; i < n; ++i) {
+    if (active && !active[i]) continue;
+    const long ti = ++t[i];
+    const double c1 = 1.0 - std::pow(beta1, static_cast<double>(ti)), c2 = 1.0 - std::pow(beta2, static_cast<double>(ti));
     const double gi = sign * g[i];
     m[i] = beta1 * m[i] + (1 - beta1) * gi;
     v[i] = beta2 * v[i] + (1 - beta2) * gi * gi;

@@ -78,8 +78,10 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
   }
   const int K = static_cast<int>(classes.size());
   std::vector<float> lambdas(2 * K, 0.f);  // (l1, l2) per class
-  train::AdamW opt{o.beta1, o.beta2, 1e-8, o.weight_decay, false};
-  train::AdamW opt_mult{o.beta1, o.beta2, 1e-8, 0.0, true};
+  train::AdamW opt;
+  opt.beta1 = o.beta1, opt.beta2 = o.beta2, opt.weight_decay = o.weight_decay;
+  train::AdamW opt_mult;
+  opt_mult.beta1 = o.beta1, opt_mult.beta2 = o.beta2, opt_mult.maximize = true;
 
   std::ofstream jl;
   if (!o.log_jsonl.empty()) {
@@ -148,7 +150,9 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
     for (size_t j = 0; j < P; ++j) grad[j] = grad_f[j];
     train::clip_grad_norm(grad, o.clip);
     opt.step(router.params.data(), grad.data(), P, log.lr);
-    opt_mult.step(lambdas.data(), dlam.data(), lambdas.size(), lr_at(o, step, o.multiplier_lr));
+    std::vector<char> active(2 * K, 0);
+    for (int k = 0; k < K; ++k) active[2 * k] = active[2 * k + 1] = n_in_class[k] > 0;
+    opt_mult.step(lambdas.data(), dlam.data(), lambdas.size(), lr_at(o, step, o.multiplier_lr), active.data());
 
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     log.tok_per_s = tokens_done / std::max(el, 1e-9);
