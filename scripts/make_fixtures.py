@@ -195,6 +195,7 @@ def build(spec, out_root):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/fixtures")
+    ap.add_argument("--only", default="", help="comma list of fixture names (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -217,10 +218,21 @@ def main():
              rope_theta=1e6, save_dtype=torch.float32, seed=2345, max_shard_size="100KB"),
         dict(name="llama_tiny", cls=LlamaForCausalLM, cfg_cls=LlamaConfig, common=llama_common,
              rope_theta=500000.0, rope_scaling=llama_scaling, save_dtype=torch.float16, seed=3456),
+        # Head dims the CUDA kernels run (64, 128), for the GPU model tests (tests/gpu/test_gpu_model.cpp).
+        dict(name="qwen3_gpu", cls=Qwen3ForCausalLM, cfg_cls=Qwen3Config,
+             common=dict(qwen_common, hidden_size=128, head_dim=128, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=256),
+             rope_theta=1e6, save_dtype=torch.bfloat16, seed=4567),
+        dict(name="llama_gpu", cls=LlamaForCausalLM, cfg_cls=LlamaConfig,
+             common=dict(llama_common, hidden_size=128, head_dim=64, num_attention_heads=6, num_key_value_heads=2,
+                         intermediate_size=256),
+             rope_theta=500000.0, rope_scaling=llama_scaling, save_dtype=torch.bfloat16, seed=5678),
     ]
+    only = set(x for x in args.only.split(",") if x)
     os.makedirs(args.out, exist_ok=True)
     for s in specs:
-        build(s, args.out)
+        if not only or s["name"] in only:
+            build(s, args.out)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,12 @@ expect_fail "give one of --routing, --mode and --router" $BIN generate -m $FX/qw
 expect_fail "unknown suite" $BIN eval -m $FX/qwen3_tiny --suite longbench -o $TMP/ev
 expect_fail "bad entry '4q'" $BIN eval -m $FX/qwen3_tiny --lengths 4q -o $TMP/ev
 expect_fail "exceeds the model's 128-token context" $BIN eval -m $FX/qwen3_tiny --lengths 4k -o $TMP/ev
+# The GPU backend refuses shapes its kernels do not run, and says when there is no device (CI has none).
+expect_fail "head_dim 32 is not supported" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --device cuda
+expect_fail "--device" $BIN bench --device tpu
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi >/dev/null 2>&1; then
+  expect_fail "no CUDA device" $BIN bench --device cuda --shape qwen3-0.6b --layers 1 -c 128
+fi
 rm -rf $TMP
 [ $fails -eq 0 ] && echo "all CLI error cases passed"
 exit $fails

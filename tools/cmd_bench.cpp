@@ -1,5 +1,6 @@
 // elastic bench: llama-bench-style prefill speed per context length and routing mode, on a model folder or on a
 // random-weight model of a named shape. Full attention measured in the same run is the baseline of every ratio.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,9 @@
 
 #include "cli_common.h"
 #include "elastic/model_shapes.h"
+#ifdef ELASTIC_HAVE_CUDA
+#include "elastic/gpu_model.h"
+#endif
 
 namespace elastic::cli {
 namespace {
@@ -19,7 +23,7 @@ namespace {
 struct Row {
   std::string model, mode;
   int layers = 0, ctx = 0, reps = 0;
-  double msr = 0, flops = 0, tok_s = 0, tok_s_sd = 0, attn_ms = 0, attn_ms_sd = 0, speedup = 0;
+  double msr = 0, flops = 0, tok_s = 0, tok_s_sd = 0, attn_ms = 0, attn_ms_sd = 0, speedup = 0, tg = NAN;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -64,6 +68,29 @@ RoutingTable routing_for(const std::string& mode, const ModelConfig& c, const Sp
   return r;
 }
 
+// Fraction of the causal key blocks the routing computes, from the modes alone (NaN with XAttention heads: their
+// blocks depend on the input). The GPU path reports this; the CPU path counts pairs as it runs.
+double routed_block_ratio(const RoutingTable& r, int T) {
+  const int B = r.sparse.block, nb = (T + B - 1) / B;
+  double kept = 0, all = 0;
+  for (HeadMode m : r.mode) {
+    if (m == HeadMode::XAttn) return NAN;
+    for (int qb = 0; qb < nb; ++qb)
+      for (int kb = 0; kb <= qb; ++kb) {
+        all += 1;
+        kept += m == HeadMode::Full || streaming_keeps(qb, kb, r.sparse);
+      }
+  }
+  return kept / all;
+}
+
+std::string fmt_or_dash(double v, const char* f) {
+  if (!std::isfinite(v)) return "-";
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
 void mean_sd(const std::vector<double>& v, double& mean, double& sd) {
   mean = 0;
   for (double x : v) mean += x / v.size();
@@ -78,7 +105,8 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   struct Opts {
     std::string model, shape = "tiny", ctx = "512,1024", modes = "full,ssa,xattn,hybrid@0.5,hybrid@0.7,hybrid@0.9",
                        out = "md";
-    int layers = 0, vocab = 0, reps = 3, threads = 0, chunk = 16384;
+    int layers = 0, vocab = 0, reps = 3, threads = 0, chunk = 16384, decode = 32;
+    std::string device = "cpu";
     uint64_t seed = 0;
     SparseSettings sparse;
   };
@@ -99,6 +127,9 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--seed", o->seed, "Seed (weights, prompts, hybrid routings)");
   sub->add_option("-o,--output", o->out, "Output format")->check(CLI::IsMember({"md", "json", "csv"}));
   sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  sub->add_option("--device", o->device, "cpu, or cuda (bf16 GPU backend)")->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--decode", o->decode, "GPU: decode steps timed after each row's prefill (0 = none)")
+      ->check(CLI::NonNegativeNumber);
   cmds.push_back({sub, [o] {
     set_threads(o->threads);
     o->sparse.xattn.block = o->sparse.block;
@@ -107,6 +138,10 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     for (const auto& s : split(o->ctx)) ctxs.push_back(parse_ctx(s));
     const std::vector<std::string> modes = split(o->modes);
     if (ctxs.empty() || modes.empty()) throw std::runtime_error("bench: give at least one context and one mode");
+    const bool gpu = o->device == "cuda";
+#ifndef ELASTIC_HAVE_CUDA
+    if (gpu) throw std::runtime_error("bench: this build has no CUDA backend (--device cuda)");
+#endif
     Model m;
     std::string name;
     if (!o->model.empty()) {
@@ -116,15 +151,26 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       ModelConfig c = named_shape(o->shape);
       if (o->layers) c.n_layers = o->layers;
       if (o->vocab) c.vocab = o->vocab;
-      const double gib = 4.0 * (static_cast<double>(c.vocab) * c.hidden * (c.tie_embeddings ? 1 : 2) +
-                                static_cast<double>(c.n_layers) * (2.0 * c.hidden * c.n_heads * c.head_dim +
-                                                                   2.0 * c.hidden * c.n_kv_heads * c.head_dim +
-                                                                   3.0 * c.hidden * c.intermediate)) / (1 << 30);
-      std::fprintf(stderr, "bench: random-weight %s, %d layers, %.2f GiB of fp32 weights\n", o->shape.c_str(),
-                   c.n_layers, gib);
-      m = random_model(c, o->seed);
+      const double params = static_cast<double>(c.vocab) * c.hidden * (c.tie_embeddings ? 1 : 2) +
+                            static_cast<double>(c.n_layers) * (2.0 * c.hidden * c.n_heads * c.head_dim +
+                                                               2.0 * c.hidden * c.n_kv_heads * c.head_dim +
+                                                               3.0 * c.hidden * c.intermediate);
+      std::fprintf(stderr, "bench: random-weight %s, %d layers, %.2f GiB of %s weights\n", o->shape.c_str(),
+                   c.n_layers, params * (gpu ? 2 : 4) / (1 << 30), gpu ? "bf16 (made on the GPU)" : "fp32");
+      if (gpu) m.config = c;  // the weights are made on the device
+      else m = random_model(c, o->seed);
       name = o->shape;
     }
+#ifdef ELASTIC_HAVE_CUDA
+    std::unique_ptr<cuda::GpuModel> g;
+    if (gpu) {
+      cuda::GpuOptions go;
+      go.max_ctx = *std::max_element(ctxs.begin(), ctxs.end()) + o->decode;
+      go.chunk = o->chunk;
+      g = o->model.empty() ? cuda::GpuModel::random(m.config, go, o->seed) : cuda::GpuModel::upload(m, go);
+      std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
+    }
+#endif
     for (const std::string& mode : modes) (void)routing_for(mode, m.config, o->sparse, o->seed);  // fail fast
     std::vector<Row> rows;
     std::mt19937_64 rng(o->seed);
@@ -139,7 +185,28 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
         RoutingTable r = routing_for(mode, m.config, o->sparse, o->seed);
         std::vector<double> tok_s, attn_ms;
         AttentionStats last;
-        for (int rep = 0; rep < o->reps; ++rep) {
+        double tg = NAN, flops = NAN;
+#ifdef ELASTIC_HAVE_CUDA
+        if (gpu) {
+          if (mode == modes.front()) g->prefill(ids.data(), T, &r, nullptr, nullptr, false);  // warm-up
+          for (int rep = 0; rep < o->reps; ++rep) {
+            cuda::GpuPrefillStats st;
+            g->prefill(ids.data(), T, &r, nullptr, nullptr, false, &st);
+            tok_s.push_back(T / (st.total_ms / 1e3));
+            attn_ms.push_back(st.attention_ms);
+          }
+          if (o->decode > 0) {  // the first steps run eagerly and capture the graph: time the replays
+            int32_t id = ids.back();
+            for (int i = 0; i < 2; ++i) id = g->decode(id);
+            const auto a = std::chrono::steady_clock::now();
+            for (int i = 2; i < o->decode; ++i) id = g->decode(id);
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+            if (o->decode > 2) tg = (o->decode - 2) / s;
+          }
+          flops = routed_block_ratio(r, T);
+        }
+#endif
+        for (int rep = 0; !gpu && rep < o->reps; ++rep) {
           KVCache cache;
           cache.init(m.config, T, &r);
           AttentionStats st;
@@ -150,6 +217,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
           tok_s.push_back(T / s);
           attn_ms.push_back(st.seconds * 1e3);
           last = st;
+          flops = last.flops_ratio();
         }
         Row row;
         row.model = name;
@@ -158,7 +226,8 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
         row.ctx = T;
         row.reps = o->reps;
         row.msr = r.msr();
-        row.flops = last.flops_ratio();
+        row.flops = flops;
+        row.tg = tg;
         mean_sd(tok_s, row.tok_s, row.tok_s_sd);
         mean_sd(attn_ms, row.attn_ms, row.attn_ms_sd);
         if (mode == "full") full_s = row.attn_ms;
@@ -177,21 +246,24 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                      {"attention_flops_ratio", r.flops}, {"prefill_tok_s", r.tok_s}, {"prefill_tok_s_sd", r.tok_s_sd},
                      {"attention_ms", r.attn_ms}, {"attention_ms_sd", r.attn_ms_sd},
                      {"attention_speedup_vs_full", std::isfinite(r.speedup) ? nlohmann::json(r.speedup) : nlohmann::json()},
+                     {"decode_tok_s", std::isfinite(r.tg) ? nlohmann::json(r.tg) : nlohmann::json()},
+                     {"attention_flops_ratio_known", std::isfinite(r.flops)}, {"device", o->device},
                      {"repeats", r.reps}});
       std::cout << j.dump(2) << "\n";
     } else if (o->out == "csv") {
       std::cout << "model,layers,ctx,mode,omega_msr,attention_flops_ratio,prefill_tok_s,prefill_tok_s_sd,attention_ms,"
-                   "attention_ms_sd,attention_speedup_vs_full,repeats\n";
+                   "attention_ms_sd,attention_speedup_vs_full,decode_tok_s,repeats\n";
       for (const Row& r : rows)
-        std::printf("%s,%d,%d,%s,%.3f,%.3f,%.2f,%.2f,%.3f,%.3f,%.3f,%d\n", r.model.c_str(), r.layers, r.ctx,
-                    r.mode.c_str(), r.msr, r.flops, r.tok_s, r.tok_s_sd, r.attn_ms, r.attn_ms_sd, r.speedup, r.reps);
+        std::printf("%s,%d,%d,%s,%.3f,%.3f,%.2f,%.2f,%.3f,%.3f,%.3f,%.2f,%d\n", r.model.c_str(), r.layers, r.ctx,
+                    r.mode.c_str(), r.msr, r.flops, r.tok_s, r.tok_s_sd, r.attn_ms, r.attn_ms_sd, r.speedup, r.tg, r.reps);
     } else {
-      std::printf("| model | layers | ctx | mode | Omega_MSR | attn FLOPs vs full | prefill tok/s | attention ms | "
-                  "attention speed vs full |\n|---|---|---|---|---|---|---|---|---|\n");
+      std::printf("| model | device | layers | ctx | mode | Omega_MSR | attn FLOPs vs full | prefill tok/s | attention ms | "
+                  "attention speed vs full | decode tok/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
       for (const Row& r : rows)
-        std::printf("| %s | %d | %d | %s | %.2f | %.3f | %.1f ± %.1f | %.1f ± %.1f | %s |\n", r.model.c_str(), r.layers,
-                    r.ctx, r.mode.c_str(), r.msr, r.flops, r.tok_s, r.tok_s_sd, r.attn_ms, r.attn_ms_sd,
-                    std::isfinite(r.speedup) ? (std::to_string(r.speedup).substr(0, 4) + "x").c_str() : "-");
+        std::printf("| %s | %s | %d | %d | %s | %.2f | %s | %.1f ± %.1f | %.1f ± %.1f | %s | %s |\n", r.model.c_str(),
+                    o->device.c_str(), r.layers, r.ctx, r.mode.c_str(), r.msr, fmt_or_dash(r.flops, "%.3f").c_str(),
+                    r.tok_s, r.tok_s_sd, r.attn_ms, r.attn_ms_sd, fmt_or_dash(r.speedup, "%.2fx").c_str(),
+                    fmt_or_dash(r.tg, "%.1f").c_str());
     }
   }});
 }

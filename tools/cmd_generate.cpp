@@ -9,6 +9,9 @@
 #include "elastic/generate.h"
 #include "elastic/npy.h"
 #include "elastic/tokenizer.h"
+#ifdef ELASTIC_HAVE_CUDA
+#include "elastic/gpu_model.h"
+#endif
 
 namespace fs = std::filesystem;
 
@@ -16,7 +19,7 @@ namespace elastic::cli {
 
 void add_generate_command(CLI::App& app, Commands& cmds) {
   struct Opts {
-    std::string model, prompt, ids, tok, routing, mode, router;
+    std::string model, prompt, ids, tok, routing, mode, router, device = "cpu";
     int n = 32, ctx = 0, threads = 0, topk = 0, chunk = kDefaultPrefillChunk;
     float temp = 0.f, topp = 1.f;
     uint64_t seed = 0;
@@ -38,6 +41,7 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--seed", o->seed, "Sampling seed");
   sub->add_flag("--print-ids", o->print_ids, "Print the new ids as a JSON array instead of text");
   sub->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
+  sub->add_option("--device", o->device, "cpu, or cuda (bf16 GPU backend)")->check(CLI::IsMember({"cpu", "cuda"}));
   add_routing_options(sub, o->routing, o->mode, o->router, o->chunk);
   cmds.push_back({sub, [o] {
     set_threads(o->threads);
@@ -59,7 +63,22 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
     auto stream = [&](int32_t id) {
       if (!o->print_ids && t) std::cout << t->decode({id}) << std::flush;
     };
-    std::vector<int32_t> out = generate(m, prompt, o->n, o->ctx, sp, !o->ignore_eos, &st, stream, o->chunk);
+    std::vector<int32_t> out;
+    if (o->device == "cuda") {
+#ifdef ELASTIC_HAVE_CUDA
+      cuda::GpuOptions go;
+      go.max_ctx = o->ctx > 0 ? o->ctx : static_cast<int>(prompt.size()) + o->n;
+      go.chunk = o->chunk;
+      auto g = cuda::GpuModel::upload(m, go);
+      std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
+      out = cuda::generate(*g, prompt, o->n, m.router ? nullptr : &m.routing, m.router.get(), sp, !o->ignore_eos, &st,
+                           stream);
+#else
+      throw std::runtime_error("generate: this build has no CUDA backend (--device cuda)");
+#endif
+    } else {
+      out = generate(m, prompt, o->n, o->ctx, sp, !o->ignore_eos, &st, stream, o->chunk);
+    }
     if (o->print_ids || !t) std::cout << ids_json(out);
     std::cout << std::endl;
     std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s) | decode: %d tokens in %.3f s (%.1f tok/s)\n",

@@ -90,6 +90,12 @@ struct DecodeParams {
   const DecodeKVHead* heads = nullptr;  // [Hkv] device array
   int n_pos = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, block = 64;
   float* workspace = nullptr;  // decode_workspace_floats(...) floats, device
+  // CUDA-graph replay: when set, the kernels read n_pos from this device int at run time (p.n_pos is ignored), so
+  // one captured launch serves every step. A value outside [1, max_pos] yields NaN outputs.
+  const int32_t* n_pos_dev = nullptr;
+  // With n_pos_dev: the largest n_pos it will hold (> 0). The grid and the workspace are sized for it
+  // (decode_workspace_floats(n_heads, head_dim, max_pos)); splits past the live n_pos write empty partials.
+  int max_pos = 0;
 };
 // Host check of a head table before it goes to the device: throws naming the head when a streaming head's cache
 // cannot hold its sink blocks or its window (or the mode is unknown).

@@ -5,6 +5,12 @@
 // to [0, n_pos); streaming heads to the sink blocks and the local window (streaming_keeps at block granularity),
 // read through the head's slot mapping (sink slots, then a ring). Partials (max, sum, unnormalized output) go to a
 // workspace and a second kernel merges them.
+//
+// CUDA graphs: with DecodeParams::n_pos_dev the kernels read n_pos from device memory at run time, and the grid is
+// sized for max_pos. Splits past the live positions write empty partials (max -inf, sum 0), which the merge skips
+// (it also stops at the last live split), so a replay with a smaller n_pos never merges stale partials of an
+// earlier, larger one. Live splits run the same
+// code on the same inputs as the host-n_pos path, so both paths give bit-identical outputs.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -41,13 +47,26 @@ __device__ __forceinline__ int cache_slot(const DecodeKVHead& hk, int j) {
 
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
-    decode_partial(const __nv_bfloat16* __restrict__ q, const DecodeKVHead* __restrict__ heads, int n_pos, int Hq,
-                   int Hkv, int B, float scale, float* __restrict__ ws) {
+    decode_partial(const __nv_bfloat16* __restrict__ q, const DecodeKVHead* __restrict__ heads, int n_pos_arg,
+                   const int32_t* __restrict__ n_pos_dev, int max_pos, int Hq, int Hkv, int B, float scale,
+                   float* __restrict__ ws) {
   const int kvh = blockIdx.x, split = blockIdx.y, G = Hq / Hkv;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // Host path: n_pos_dev null, max_pos == n_pos_arg. A device n_pos outside [1, max_pos] (a caller bug) leaves
+  // every partial empty, so the merge writes 0/0 = NaN instead of reading past the grid or the caches.
+  const int n_pos = n_pos_dev ? *n_pos_dev : n_pos_arg;
+  const bool valid = n_pos >= 1 && n_pos <= max_pos;
   const DecodeKVHead hk = heads[kvh];
-  const Kept kp = kept_positions(hk, n_pos, B);
-  const int i0 = split * kChunk, n = max(0, min(kChunk, kp.n - i0));
+  const Kept kp = kept_positions(hk, valid ? n_pos : 1, B);
+  const int i0 = split * kChunk, n = valid ? max(0, min(kChunk, kp.n - i0)) : 0;
+  if (n == 0) {  // nothing to attend in this split (uniform per CTA): only the empty-partial marker is read
+    if (tid < G) {
+      float* w = ws + (static_cast<size_t>(split) * Hq + kvh * G + tid) * (HD + 2);
+      w[HD] = -INFINITY;
+      w[HD + 1] = 0.f;
+    }
+    return;
+  }
   __shared__ float sq[kMaxGroup][HD];
   __shared__ float sp[kMaxGroup][kChunk];
   __shared__ float sm[kMaxGroup], sl[kMaxGroup];
@@ -105,23 +124,27 @@ __global__ void __launch_bounds__(kThreads)
     for (int g = 0; g < kMaxGroup; ++g)
       if (g < G) ws[(static_cast<size_t>(split) * Hq + kvh * G + g) * (HD + 2) + d] = acc[g];
   }
-  if (tid < G) {
+  if (tid < G) {  // n > 0 here
     float* w = ws + (static_cast<size_t>(split) * Hq + kvh * G + tid) * (HD + 2);
-    w[HD] = n > 0 ? sm[tid] : -INFINITY;
-    w[HD + 1] = n > 0 ? sl[tid] : 0.f;
+    w[HD] = sm[tid];
+    w[HD + 1] = sl[tid];
   }
 }
 
 template <int HD>
-__global__ void decode_combine(const float* __restrict__ ws, int n_splits, int Hq, __nv_bfloat16* __restrict__ out) {
+__global__ void decode_combine(const float* __restrict__ ws, int n_splits, int Hq, __nv_bfloat16* __restrict__ out,
+                               const int32_t* __restrict__ n_pos_dev) {
   const int h = blockIdx.x;
+  // Device n_pos: merge only the live splits (the rest are empty anyway); this keeps the merge as cheap as on the
+  // host path when max_pos is far above n_pos. n_pos <= 0 merges nothing (NaN output, as documented).
+  if (n_pos_dev) n_splits = min(n_splits, max(0, (*n_pos_dev + kChunk - 1) / kChunk));
   float M = -INFINITY;
   for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ws[(static_cast<size_t>(s) * Hq + h) * (HD + 2) + HD]);
   for (int d = threadIdx.x; d < HD; d += blockDim.x) {
     float o = 0.f, l = 0.f;
     for (int s = 0; s < n_splits; ++s) {
       const float* w = ws + (static_cast<size_t>(s) * Hq + h) * (HD + 2);
-      if (w[HD] == -INFINITY) continue;  // split past this head's kept positions
+      if (w[HD] == -INFINITY) continue;  // empty split: past this head's kept positions (or past a device n_pos)
       const float c = __expf(w[HD] - M);
       o += w[d] * c;
       l += w[HD + 1] * c;
@@ -136,14 +159,16 @@ int n_splits_for(int n_pos) { return (n_pos + kChunk - 1) / kChunk; }
 
 template <int HD>
 void launch(const DecodeParams& p, cudaStream_t stream) {
-  const int splits = n_splits_for(p.n_pos);
+  // With a device n_pos the grid (and the workspace) covers max_pos; the kernels find the live splits themselves.
+  const int grid_pos = p.n_pos_dev ? p.max_pos : p.n_pos;
+  const int splits = n_splits_for(grid_pos);
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
   decode_partial<HD><<<dim3(p.n_kv_heads, splits), kThreads, 0, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(p.q), p.heads, p.n_pos, p.n_heads, p.n_kv_heads, p.block, scale,
-      p.workspace);
+      reinterpret_cast<const __nv_bfloat16*>(p.q), p.heads, p.n_pos, p.n_pos_dev, grid_pos, p.n_heads, p.n_kv_heads,
+      p.block, scale, p.workspace);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
   decode_combine<HD><<<p.n_heads, HD, 0, stream>>>(p.workspace, splits, p.n_heads,
-                                                   reinterpret_cast<__nv_bfloat16*>(p.out));
+                                                   reinterpret_cast<__nv_bfloat16*>(p.out), p.n_pos_dev);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -170,7 +195,11 @@ int64_t decode_workspace_floats(int n_heads, int head_dim, int n_pos) {
 
 void decode_attention(const DecodeParams& p, cudaStream_t stream) {
   if (!p.q || !p.out || !p.heads || !p.workspace) bad("null q, out, heads or workspace");
-  if (p.n_pos <= 0) bad("n_pos must be > 0 (got " + std::to_string(p.n_pos) + ")");
+  if (p.n_pos_dev) {  // n_pos is read on the device; p.n_pos is ignored
+    if (p.max_pos <= 0) bad("max_pos must be > 0 when n_pos_dev is set (got " + std::to_string(p.max_pos) + ")");
+  } else if (p.n_pos <= 0) {
+    bad("n_pos must be > 0 (got " + std::to_string(p.n_pos) + ")");
+  }
   if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads)
     bad("n_heads must be a positive multiple of n_kv_heads");
   if (p.n_heads / p.n_kv_heads > kMaxGroup) bad("query heads per KV head must be <= 16");

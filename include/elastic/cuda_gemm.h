@@ -1,0 +1,36 @@
+#pragma once
+// Projections through cuBLASLt: Y[M, N] = X[M, K] * W[N, K]^T (the Hugging Face [out, in] weight layout), bf16
+// inputs, fp32 accumulation, bf16 or fp32 output, optional fused bf16 bias [N]. One handle and one workspace per
+// Gemm object; algorithm choices are cached per (M, N, K, output type). All pointers are device pointers.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+namespace elastic::cuda {
+
+class Gemm {
+ public:
+  explicit Gemm(size_t workspace_bytes = 32u << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // Y = X W^T (+ bias); X [M, K] row-major bf16, W [N, K] row-major bf16, Y [M, N] row-major.
+  // beta = 1 accumulates into Y (Y += X W^T), used for residual adds fused into the output projections.
+  // Throws std::invalid_argument on non-positive shapes; std::runtime_error naming the cuBLASLt status.
+  void bf16(const uint16_t* X, const uint16_t* W, uint16_t* Y, int M, int N, int K, cudaStream_t stream,
+            const uint16_t* bias = nullptr, float beta = 0.f);
+  void bf16_out_f32(const uint16_t* X, const uint16_t* W, float* Y, int M, int N, int K, cudaStream_t stream);
+
+  size_t workspace_bytes() const { return ws_bytes_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  size_t ws_bytes_;
+};
+
+}  // namespace elastic::cuda

@@ -1,0 +1,81 @@
+#pragma once
+// The decoder on one GPU: bf16 weights and activations, fp32 accumulation. cuBLASLt runs the projections and the
+// MLP (q/k/v fused into one GEMM, gate/up into another); our kernels run the rest; the fused hybrid attention runs
+// all heads of a layer in one launch, each KV head in its own mode.
+//
+// Prefill is layer-major: the whole prompt's residual stream stays on the device and one chunk's activations at a
+// time, so a router decides layer l from the prompt's boundary keys before any of layer l's attention runs. After
+// a layer, each KV head's keys and values move into that head's own cache: every position for full and XAttention
+// heads, sink + a ring of the window for streaming heads, so cache memory falls with sparsity. Decode steps
+// replay one CUDA graph (the position lives in device memory).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "elastic/generate.h"
+#include "elastic/model.h"
+
+namespace elastic::cuda {
+
+struct GpuOptions {
+  int max_ctx = 8192;   // positions reserved per sequence (prompt + generated tokens)
+  int chunk = 16384;    // prefill chunk; a multiple of the sparse block size when XAttention heads run
+  bool graphs = true;   // decode through a CUDA graph
+  int device = 0;
+};
+
+// The one device allocation plan, in bytes (printed at start). kv_full is the all-full worst case; a routed
+// prompt allocates only what its heads keep (GpuPrefillStats::kv_bytes).
+struct GpuPlan {
+  size_t weights = 0, kv_full = 0, prefill_kv = 0, activations = 0, xattn = 0, workspace = 0;
+  size_t total() const { return weights + kv_full + prefill_kv + activations + xattn + workspace; }
+  std::string describe() const;
+};
+
+struct GpuPrefillStats {
+  double total_ms = 0;      // host wall time of the prefill, synchronized
+  double attention_ms = 0;  // attention kernels (XAttention estimation included), from CUDA events
+  size_t kv_bytes = 0;      // this sequence's per-head caches
+};
+
+class GpuModel {
+ public:
+  // Uploads a loaded CPU model's weights as bf16. Throws std::invalid_argument for shapes the kernels do not run
+  // (head_dim other than 64 / 128) and std::runtime_error when the plan does not fit in device memory.
+  static std::unique_ptr<GpuModel> upload(const Model& m, const GpuOptions& o);
+  // Random bf16 weights of a config, made on the device (speed runs without a checkpoint).
+  static std::unique_ptr<GpuModel> random(const ModelConfig& c, const GpuOptions& o, uint64_t seed);
+  ~GpuModel();
+
+  const ModelConfig& config() const;
+  const GpuPlan& plan() const;
+
+  // Starts a new sequence with T prompt tokens. routing: a fixed table; when null, `router` decides per layer
+  // (when also null: all heads full). logits (optional): fp32 [T, V] when all_logits, else [V] of the last token.
+  void prefill(const int32_t* ids, int T, const RoutingTable* routing, const PromptRouter* router,
+               std::vector<float>* logits, bool all_logits, GpuPrefillStats* stats = nullptr);
+  // Appends one token at position length(); writes its logits ([V]) when asked; returns the greedy next token.
+  int32_t decode(int32_t id, std::vector<float>* logits = nullptr);
+  int length() const;
+  const RoutingTable& routing() const;  // the current sequence's routing
+
+  struct Impl;
+
+ private:
+  explicit GpuModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace elastic::cuda
+
+namespace elastic::cuda {
+
+// generate() on the GPU model: prefill under `routing` (or the router's decision, or all full), then up to n_new
+// tokens; greedy stays on the device, temperature / top-k / top-p sample on the host from the step's logits.
+std::vector<int32_t> generate(GpuModel& g, const std::vector<int32_t>& prompt, int n_new, const RoutingTable* routing,
+                              const PromptRouter* router, const SamplerParams& sp, bool stop_at_eos,
+                              GenerateStats* stats, const std::function<void(int32_t)>& on_token = {});
+
+}  // namespace elastic::cuda

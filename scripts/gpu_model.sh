@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# GPU machine: the GPU model backend end to end. Runs the prebuilt binaries carried in .gpucarry/ (built here by
+# scripts/gpu_carry.sh, since that image lacks OpenBLAS/PCRE2/CLI11): makes the transformers fixtures for the GPU
+# tests, runs every GPU test, then `elastic bench --device cuda` on the Qwen3-4B shape and the transformers SDPA
+# end-to-end prefill baseline on the same shape and lengths. Logs go to $OUT.
+# Env: LENGTHS (bench lengths), MODES, SKIP_TESTS=1, SKIP_HF=1, SKIP_BENCH=1, REPS.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+O=${OUT:-/tmp}
+C=.gpucarry
+export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+LENGTHS=${LENGTHS:-"8192,16384,32768"}
+MODES=${MODES:-"full,ssa,xattn,hybrid@0.5,hybrid@0.7,hybrid@0.9"}
+REPS=${REPS:-2}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$O/gpu_info.log"
+ldd $C/elastic | grep -E "not found" && echo "missing libraries" | tee -a "$O/gpu_info.log"
+rc=0
+if [ -z "${SKIP_TESTS:-}" ]; then
+  python3 scripts/make_fixtures.py --only qwen3_gpu,llama_gpu --out "$O/fixtures" 2>&1 | tail -n 3 | tee "$O/fixtures.log"
+  ELASTIC_GPU_FIXTURES=$O/fixtures timeout 300 $C/elastic_gpu_tests 2>&1 | tee "$O/gpu_tests.log" | grep -vE "^\[ +(RUN|OK) " | tail -n 60
+  rc=${PIPESTATUS[0]}
+fi
+if [ -z "${SKIP_BENCH:-}" ]; then
+  timeout 400 $C/elastic bench --device cuda --shape qwen3-4b -c "$LENGTHS" --modes "$MODES" -r "$REPS" \
+    2> "$O/bench_gpu.err" | tee "$O/bench_gpu.md"
+  tail -n 3 "$O/bench_gpu.err"
+fi
+if [ -z "${SKIP_HF:-}" ]; then
+  timeout 300 python3 bench/gpu/hf_prefill_baseline.py --shape qwen3-4b ${LENGTHS//,/ } 2>&1 | tail -n 8 | tee "$O/hf_prefill.log"
+fi
+echo "gpu tests exit code: $rc"
+exit $rc

@@ -1,0 +1,366 @@
+// GpuModel's forward passes: layer-major routed prefill into per-head caches, and decode steps replayed through
+// one CUDA graph per sequence.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/gpu_model_impl.h"
+#include "elastic/cuda.h"
+#include "elastic/cuda_ops.h"
+
+namespace elastic::cuda {
+namespace {
+
+uint16_t* row_ptr(const DeviceBuffer& b, size_t row, size_t width) { return b.as<uint16_t>() + row * width; }
+
+// The routing's sparse settings as the kernels read them.
+KVHeadMeta meta_for(HeadMode m, const SparseSettings& s) {
+  return make_kv_head_meta(static_cast<int>(m), s.sink, s.local, s.block);
+}
+
+struct EventPair {
+  cudaEvent_t a = nullptr, b = nullptr;
+};
+
+}  // namespace
+
+void GpuModel::Impl::allocate_layer_caches(int l, const HeadMode* modes, const SparseSettings& s) {
+  const int Hkv = c.n_kv_heads, hd = c.head_dim;
+  std::vector<void*> kp(Hkv), vp(Hkv);
+  std::vector<int32_t> ss(Hkv), rs(Hkv);
+  std::vector<DecodeKVHead> dh(Hkv);
+  for (int h = 0; h < Hkv; ++h) {
+    HeadCache& hc = caches[size_t(l) * Hkv + h];
+    int slots = o.max_ctx;
+    hc.sink_slots = hc.ring_slots = 0;
+    if (modes[h] == HeadMode::Streaming) {  // same sizing as the CPU hybrid cache (KVCache::allocate_layer)
+      const int sink = (s.sink + s.block - 1) / s.block * s.block;
+      const int ring = std::max(1, (s.local + s.block - 1) / s.block) * s.block;
+      if (sink + ring < o.max_ctx) {
+        hc.sink_slots = sink;
+        hc.ring_slots = ring;
+        slots = sink + ring;
+      }
+    }
+    const size_t bytes = size_t(slots) * hd * 2;
+    if (hc.k.bytes != bytes) {
+      hc.k.alloc(bytes);
+      hc.v.alloc(bytes);
+    }
+    kp[h] = hc.k.ptr;
+    vp[h] = hc.v.ptr;
+    ss[h] = hc.sink_slots;
+    rs[h] = hc.ring_slots;
+    const KVHeadMeta m = meta_for(modes[h], s);
+    dh[h].k = hc.k.as<const uint16_t>();
+    dh[h].v = hc.v.as<const uint16_t>();
+    dh[h].sink_slots = hc.sink_slots;
+    dh[h].ring_slots = hc.ring_slots;
+    dh[h].mode = m.mode;
+    dh[h].sink_blocks = m.sink_blocks;
+    dh[h].local_blocks = m.local_blocks;
+  }
+  validate_decode_heads(dh.data(), Hkv, s.block);
+  const size_t off = size_t(l) * Hkv;
+  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(k_ptrs.as<void*>() + off, kp.data(), Hkv * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(v_ptrs.as<void*>() + off, vp.data(), Hkv * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(sink_slots.as<int32_t>() + off, ss.data(), Hkv * 4, cudaMemcpyHostToDevice, stream));
+  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(ring_slots.as<int32_t>() + off, rs.data(), Hkv * 4, cudaMemcpyHostToDevice, stream));
+  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(dec_heads.as<DecodeKVHead>() + off, dh.data(), Hkv * sizeof(DecodeKVHead),
+                                     cudaMemcpyHostToDevice, stream));
+  // The host vectors die here: wait for the copies (pageable sources may be read late).
+  ELASTIC_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void GpuModel::prefill(const int32_t* ids_h, int T, const RoutingTable* fixed, const PromptRouter* router,
+                       std::vector<float>* logits_out, bool all_logits, GpuPrefillStats* stats) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.c;
+  const int D = c.hidden, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim, F = c.intermediate, V = c.vocab;
+  const int N = (Hq + 2 * Hkv) * hd, L = c.n_layers;
+  if (T <= 0) throw std::invalid_argument("gpu prefill: empty prompt");
+  if (T > m.o.max_ctx)
+    throw std::invalid_argument("gpu prefill: prompt of " + std::to_string(T) + " tokens exceeds the plan's " +
+                                std::to_string(m.o.max_ctx) + " positions");
+  for (int t = 0; t < T; ++t)
+    if (ids_h[t] < 0 || ids_h[t] >= V)
+      throw std::invalid_argument("gpu prefill: token id " + std::to_string(ids_h[t]) + " at position " +
+                                  std::to_string(t) + " is outside the vocabulary of " + std::to_string(V));
+  if (fixed && (fixed->n_layers != L || fixed->n_kv_heads != Hkv))
+    throw std::invalid_argument("gpu prefill: the routing table's layer/head counts do not match the model");
+  const auto t_start = std::chrono::steady_clock::now();
+  m.drop_graph();
+  m.length = 0;
+
+  RoutingTable r = fixed ? *fixed : RoutingTable::all_full(L, Hkv);
+  if (!fixed && router) r.sparse = router->sparse();
+  const SparseSettings& sp = r.sparse;
+  validate_sparse(sp, "gpu prefill");
+  const int chunk = m.chunk;
+  cudaStream_t st = m.stream;
+
+  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(m.ids.ptr, ids_h, size_t(T) * 4, cudaMemcpyHostToDevice, st));
+  embed_rows_bf16(m.embed.as<uint16_t>(), m.ids.as<int32_t>(), m.hidden.as<uint16_t>(), T, D, V, st);
+
+  std::vector<EventPair> events;
+  auto new_pair = [&] {
+    EventPair e;
+    ELASTIC_CUDA_CHECK(cudaEventCreate(&e.a));
+    ELASTIC_CUDA_CHECK(cudaEventCreate(&e.b));
+    events.push_back(e);
+    return e;
+  };
+  const std::vector<int> pool_pos = router && !fixed ? boundary_positions(T, router->pool_first(), router->pool_last())
+                                                     : std::vector<int>{};
+  std::vector<float> pooled(size_t(Hkv) * hd);
+  std::vector<KVHeadMeta> meta_h(Hkv);
+
+  QkvPostParams qp;
+  qp.eps = c.rms_eps;
+  qp.inv_freq = m.inv_freq.as<float>();
+  qp.n_heads = Hq, qp.n_kv_heads = Hkv, qp.head_dim = hd;
+  qp.q_out = m.q.as<uint16_t>();
+  qp.k_out = m.kscr.as<uint16_t>();
+  qp.v_out = m.vscr.as<uint16_t>();
+
+  for (int l = 0; l < L; ++l) {
+    const GpuLayer& W = m.layers[l];
+    qp.bias = W.b_qkv.as<uint16_t>();
+    qp.q_norm = W.q_norm.as<uint16_t>();
+    qp.k_norm = W.k_norm.as<uint16_t>();
+    HeadMode* modes = r.mode.data() + size_t(l) * Hkv;
+
+    if (!pool_pos.empty()) {
+      // Route this layer from the boundary rows' keys (after k_norm, before RoPE), before any of its attention.
+      const int nb = static_cast<int>(pool_pos.size());
+      if (nb > chunk) throw std::invalid_argument("gpu prefill: the chunk is smaller than the router's pool");
+      // pool_pos is two ascending runs: copy each contiguous run of rows.
+      for (int i = 0; i < nb;) {
+        int j = i + 1;
+        while (j < nb && pool_pos[j] == pool_pos[j - 1] + 1) ++j;
+        rmsnorm_bf16_stream(row_ptr(m.hidden, pool_pos[i], D), W.attn_norm.as<uint16_t>(), row_ptr(m.xn, i, D),
+                            j - i, D, c.rms_eps, st);
+        i = j;
+      }
+      m.gemm->bf16(m.xn.as<uint16_t>(), W.w_qkv.as<uint16_t>(), m.qkv.as<uint16_t>(), nb, N, D, st);
+      ELASTIC_CUDA_CHECK(cudaMemsetAsync(m.pool.ptr, 0, m.pool.bytes, st));
+      QkvPostParams pp = qp;
+      pp.qkv = m.qkv.as<uint16_t>();
+      pp.T = nb;
+      pp.pos0 = 0;
+      pp.pool_sum = m.pool.as<float>();
+      pp.pool_first_end = nb;  // every row of this call is a pool row
+      pp.pool_last_begin = nb;
+      qkv_post(pp, st);  // q/k/v rows written here are scratch: the layer's pass below overwrites them
+      ELASTIC_CUDA_CHECK(cudaMemcpyAsync(pooled.data(), m.pool.ptr, m.pool.bytes, cudaMemcpyDeviceToHost, st));
+      ELASTIC_CUDA_CHECK(cudaStreamSynchronize(st));
+      for (float& x : pooled) x /= nb;
+      router->decide(l, pooled.data(), modes);
+    }
+    bool has_xattn = false;
+    for (int h = 0; h < Hkv; ++h) {
+      meta_h[h] = meta_for(modes[h], sp);
+      has_xattn |= modes[h] == HeadMode::XAttn;
+    }
+    KVHeadMeta* meta_l = m.meta.as<KVHeadMeta>() + size_t(l) * Hkv;
+    ELASTIC_CUDA_CHECK(cudaMemcpyAsync(meta_l, meta_h.data(), Hkv * sizeof(KVHeadMeta), cudaMemcpyHostToDevice, st));
+    XAttnBlockLists lists;
+    if (has_xattn) {
+      if (T > chunk && chunk % sp.block)
+        throw std::invalid_argument("gpu prefill: XAttention heads need a chunk size that is a multiple of the block (" +
+                                    std::to_string(chunk) + " vs " + std::to_string(sp.block) + ")");
+      const int nbk = (m.o.max_ctx + sp.block - 1) / sp.block;
+      if (m.xa_block != sp.block) {
+        m.xa_blocks.alloc(size_t(xattn_list_capacity(Hq, nbk)) * 4);
+        m.xa_offsets.alloc(size_t(Hq) * nbk * 4);
+        m.xa_counts.alloc(size_t(Hq) * nbk * 4);
+        m.xa_block = sp.block;
+      }
+      lists.blocks = m.xa_blocks.as<int32_t>();
+      lists.offsets = m.xa_offsets.as<int32_t>();
+      lists.counts = m.xa_counts.as<int32_t>();
+    }
+
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+      const int n = std::min(chunk, T - t0);
+      uint16_t* h_rows = row_ptr(m.hidden, t0, D);
+      rmsnorm_bf16_stream(h_rows, W.attn_norm.as<uint16_t>(), m.xn.as<uint16_t>(), n, D, c.rms_eps, st);
+      m.gemm->bf16(m.xn.as<uint16_t>(), W.w_qkv.as<uint16_t>(), m.qkv.as<uint16_t>(), n, N, D, st);
+      QkvPostParams pp = qp;
+      pp.qkv = m.qkv.as<uint16_t>();
+      pp.T = n;
+      pp.pos0 = t0;
+      qkv_post(pp, st);
+
+      const EventPair ev = new_pair();
+      ELASTIC_CUDA_CHECK(cudaEventRecord(ev.a, st));
+      if (has_xattn) {
+        XAttnEstimateParams ep;
+        ep.q = m.q.as<uint16_t>();
+        ep.k = m.kscr.as<uint16_t>();
+        ep.T = n, ep.pos0 = t0, ep.n_heads = Hq, ep.n_kv_heads = Hkv, ep.head_dim = hd;
+        ep.block = sp.block, ep.stride = sp.xattn.stride, ep.tau = sp.xattn.tau;
+        ep.meta = meta_l;
+        ep.blocks = m.xa_blocks.as<int32_t>();
+        ep.offsets = m.xa_offsets.as<int32_t>();
+        ep.counts = m.xa_counts.as<int32_t>();
+        xattn_estimate_cuda(ep, st);
+      }
+      HybridAttnParams ap;
+      ap.q = m.q.as<uint16_t>();
+      ap.k = m.kscr.as<uint16_t>();
+      ap.v = m.vscr.as<uint16_t>();
+      ap.out = m.attn.as<uint16_t>();
+      ap.T = n, ap.pos0 = t0, ap.n_heads = Hq, ap.n_kv_heads = Hkv, ap.head_dim = hd;
+      ap.block = sp.block;
+      ap.meta = meta_l;
+      ap.xattn = lists;
+      hybrid_attention_fwd(ap, st);
+      ELASTIC_CUDA_CHECK(cudaEventRecord(ev.b, st));
+
+      // Residual adds fused into the output projections (beta = 1).
+      m.gemm->bf16(m.attn.as<uint16_t>(), W.wo.as<uint16_t>(), h_rows, n, D, Hq * hd, st, nullptr, 1.f);
+      rmsnorm_bf16_stream(h_rows, W.mlp_norm.as<uint16_t>(), m.xn.as<uint16_t>(), n, D, c.rms_eps, st);
+      m.gemm->bf16(m.xn.as<uint16_t>(), W.w_gu.as<uint16_t>(), m.gu.as<uint16_t>(), n, 2 * F, D, st);
+      swiglu_bf16(m.gu.as<uint16_t>(), m.act.as<uint16_t>(), n, F, st);
+      m.gemm->bf16(m.act.as<uint16_t>(), W.w_down.as<uint16_t>(), h_rows, n, D, F, st, nullptr, 1.f);
+    }
+    // The layer's keys and values into each head's own cache.
+    m.allocate_layer_caches(l, modes, sp);
+    const size_t off = size_t(l) * Hkv;
+    scatter_to_head_caches(m.kscr.as<uint16_t>(), T, Hkv, hd, m.k_ptrs.as<uint16_t*>() + off,
+                           m.sink_slots.as<int32_t>() + off, m.ring_slots.as<int32_t>() + off, st);
+    scatter_to_head_caches(m.vscr.as<uint16_t>(), T, Hkv, hd, m.v_ptrs.as<uint16_t*>() + off,
+                           m.sink_slots.as<int32_t>() + off, m.ring_slots.as<int32_t>() + off, st);
+  }
+
+  // Logits: the last row, or every row in pieces of kLogitRows.
+  if (logits_out) {
+    const int first = all_logits ? 0 : T - 1;
+    logits_out->resize(size_t(T - first) * V);
+    for (int t0 = first; t0 < T; t0 += Impl::kLogitRows) {
+      const int n = std::min(Impl::kLogitRows, T - t0);
+      rmsnorm_bf16_stream(row_ptr(m.hidden, t0, D), m.final_norm.as<uint16_t>(), m.xn.as<uint16_t>(), n, D,
+                          c.rms_eps, st);
+      m.gemm->bf16_out_f32(m.xn.as<uint16_t>(), m.head_weight(), m.logits.as<float>(), n, V, D, st);
+      ELASTIC_CUDA_CHECK(cudaMemcpyAsync(logits_out->data() + size_t(t0 - first) * V, m.logits.ptr,
+                                         size_t(n) * V * 4, cudaMemcpyDeviceToHost, st));
+      ELASTIC_CUDA_CHECK(cudaStreamSynchronize(st));
+    }
+  }
+  // The hidden state of the last token seeds nothing: decode starts from the next token's embedding.
+  ELASTIC_CUDA_CHECK(cudaStreamSynchronize(st));
+  double attn_ms = 0;
+  for (const EventPair& e : events) {
+    float ms = 0;
+    ELASTIC_CUDA_CHECK(cudaEventElapsedTime(&ms, e.a, e.b));
+    attn_ms += ms;
+    cudaEventDestroy(e.a);
+    cudaEventDestroy(e.b);
+  }
+  m.routing = r;
+  m.length = T;
+  if (stats) {
+    stats->total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
+    stats->attention_ms = attn_ms;
+    stats->kv_bytes = 0;
+    for (const HeadCache& hc : m.caches) stats->kv_bytes += hc.k.bytes + hc.v.bytes;
+  }
+}
+
+void GpuModel::Impl::decode_body() {
+  const int D = c.hidden, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim, F = c.intermediate, V = c.vocab;
+  const int N = (Hq + 2 * Hkv) * hd;
+  cudaStream_t st = stream;
+  int32_t* io = d_io.as<int32_t>();  // [input id, next id, pos, n_pos]
+  uint16_t* x = d_x.as<uint16_t>();
+  embed_rows_bf16(embed.as<uint16_t>(), io, x, 1, D, V, st);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const GpuLayer& W = layers[l];
+    const size_t off = size_t(l) * Hkv;
+    rmsnorm_bf16_stream(x, W.attn_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
+    gemm->bf16(d_xn.as<uint16_t>(), W.w_qkv.as<uint16_t>(), d_qkv.as<uint16_t>(), 1, N, D, st);
+    QkvPostParams qp;
+    qp.qkv = d_qkv.as<uint16_t>();
+    qp.bias = W.b_qkv.as<uint16_t>();
+    qp.q_norm = W.q_norm.as<uint16_t>();
+    qp.k_norm = W.k_norm.as<uint16_t>();
+    qp.inv_freq = inv_freq.as<float>();
+    qp.eps = c.rms_eps;
+    qp.T = 1;
+    qp.pos0_dev = io + 2;
+    qp.n_heads = Hq, qp.n_kv_heads = Hkv, qp.head_dim = hd;
+    qp.q_out = d_q.as<uint16_t>();
+    qp.k_out = d_k.as<uint16_t>();
+    qp.v_out = d_v.as<uint16_t>();
+    qp.kv_rows_from_zero = true;
+    qkv_post(qp, st);
+    append_to_head_caches(d_k.as<uint16_t>(), d_v.as<uint16_t>(), io + 2, Hkv, hd, k_ptrs.as<uint16_t*>() + off,
+                          v_ptrs.as<uint16_t*>() + off, sink_slots.as<int32_t>() + off,
+                          ring_slots.as<int32_t>() + off, st);
+    DecodeParams dp;
+    dp.q = d_q.as<uint16_t>();
+    dp.out = d_attn.as<uint16_t>();
+    dp.heads = dec_heads.as<DecodeKVHead>() + off;
+    dp.n_pos = 1;  // ignored: n_pos comes from the device
+    dp.n_pos_dev = io + 3;
+    dp.max_pos = o.max_ctx;
+    dp.n_heads = Hq, dp.n_kv_heads = Hkv, dp.head_dim = hd, dp.block = routing.sparse.block;
+    dp.workspace = d_ws.as<float>();
+    decode_attention(dp, st);
+    gemm->bf16(d_attn.as<uint16_t>(), W.wo.as<uint16_t>(), x, 1, D, Hq * hd, st, nullptr, 1.f);
+    rmsnorm_bf16_stream(x, W.mlp_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
+    gemm->bf16(d_xn.as<uint16_t>(), W.w_gu.as<uint16_t>(), d_gu.as<uint16_t>(), 1, 2 * F, D, st);
+    swiglu_bf16(d_gu.as<uint16_t>(), d_act.as<uint16_t>(), 1, F, st);
+    gemm->bf16(d_act.as<uint16_t>(), W.w_down.as<uint16_t>(), x, 1, D, F, st, nullptr, 1.f);
+  }
+  rmsnorm_bf16_stream(x, final_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
+  gemm->bf16_out_f32(d_xn.as<uint16_t>(), head_weight(), logits.as<float>(), 1, V, D, st);
+  argmax_rows_f32(logits.as<float>(), 1, V, io + 1, st);
+}
+
+int32_t GpuModel::decode(int32_t id, std::vector<float>* logits_out) {
+  Impl& m = *impl_;
+  if (m.length == 0) throw std::logic_error("gpu decode: no sequence (prefill first)");
+  if (m.length >= m.o.max_ctx)
+    throw std::invalid_argument("gpu decode: the sequence is full (" + std::to_string(m.o.max_ctx) + " positions)");
+  if (id < 0 || id >= m.c.vocab) throw std::invalid_argument("gpu decode: token id " + std::to_string(id) + " is outside the vocabulary");
+  cudaStream_t st = m.stream;
+  m.h_io = {id, 0, m.length, m.length + 1};
+  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(m.d_io.ptr, m.h_io.data(), 16, cudaMemcpyHostToDevice, st));
+  if (m.graph) {
+    ELASTIC_CUDA_CHECK(cudaGraphLaunch(m.graph, st));
+  } else if (m.o.graphs && m.eager_steps > 0) {
+    // Captured after one eager step, so cuBLASLt has picked its algorithms (no host work while capturing).
+    cudaGraph_t g = nullptr;
+    ELASTIC_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    try {
+      m.decode_body();
+    } catch (...) {
+      cudaStreamEndCapture(st, &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    ELASTIC_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    ELASTIC_CUDA_CHECK(cudaGraphInstantiate(&m.graph, g, 0));
+    cudaGraphDestroy(g);
+    ELASTIC_CUDA_CHECK(cudaGraphLaunch(m.graph, st));
+  } else {
+    m.decode_body();
+    ++m.eager_steps;
+  }
+  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(m.h_io.data() + 1, m.d_io.as<int32_t>() + 1, 4, cudaMemcpyDeviceToHost, st));
+  if (logits_out) {
+    logits_out->resize(m.c.vocab);
+    ELASTIC_CUDA_CHECK(cudaMemcpyAsync(logits_out->data(), m.logits.ptr, size_t(m.c.vocab) * 4,
+                                       cudaMemcpyDeviceToHost, st));
+  }
+  ELASTIC_CUDA_CHECK(cudaStreamSynchronize(st));
+  ++m.length;
+  return m.h_io[1];
+}
+
+}  // namespace elastic::cuda

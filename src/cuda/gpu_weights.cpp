@@ -1,0 +1,218 @@
+// GpuModel construction: bf16 weights on the device (uploaded from a CPU model, or random for speed runs), the
+// allocation plan and the work buffers it sizes.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <stdexcept>
+
+#include "cuda/gpu_model_impl.h"
+#include "elastic/cuda.h"
+#include "elastic/cuda_ops.h"
+#include "model/ops.h"
+
+namespace elastic::cuda {
+namespace {
+
+size_t bf16s(size_t n) { return n * 2; }
+
+DeviceBuffer upload_bf16(const std::vector<float>& v) {
+  DeviceBuffer b(bf16s(v.size()));
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
+  ELASTIC_CUDA_CHECK(cudaMemcpy(b.ptr, h.data(), b.bytes, cudaMemcpyHostToDevice));
+  return b;
+}
+
+// Row-wise concatenation of [rows_i, cols] matrices (fused projections).
+std::vector<float> concat(std::initializer_list<const std::vector<float>*> parts) {
+  std::vector<float> out;
+  for (const auto* p : parts) out.insert(out.end(), p->begin(), p->end());
+  return out;
+}
+
+void check_shape(const ModelConfig& c) {
+  if (c.head_dim != 64 && c.head_dim != 128)
+    throw std::invalid_argument("gpu: head_dim " + std::to_string(c.head_dim) +
+                                " is not supported by the CUDA attention kernels (64 or 128)");
+  if (c.n_kv_heads <= 0 || c.n_heads % c.n_kv_heads)
+    throw std::invalid_argument("gpu: n_heads must be a multiple of n_kv_heads");
+  if (c.n_heads / c.n_kv_heads > 16) throw std::invalid_argument("gpu: more than 16 query heads per KV head");
+}
+
+std::string gib(size_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f GiB", b / double(1ull << 30));
+  return s;
+}
+
+}  // namespace
+
+std::string GpuPlan::describe() const {
+  std::ostringstream s;
+  s << "gpu plan: weights " << gib(weights) << " | kv cache (all full) " << gib(kv_full) << " | prefill k/v "
+    << gib(prefill_kv) << " | activations " << gib(activations) << " | xattn lists " << gib(xattn)
+    << " | workspace " << gib(workspace) << " | total " << gib(total());
+  return s.str();
+}
+
+GpuModel::Impl::~Impl() {
+  drop_graph();
+  if (stream) cudaStreamDestroy(stream);
+}
+
+void GpuModel::Impl::drop_graph() {
+  if (graph) cudaGraphExecDestroy(graph);
+  graph = nullptr;
+  eager_steps = 0;
+}
+
+void GpuModel::Impl::init_common() {
+  const int D = c.hidden, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim, F = c.intermediate, V = c.vocab;
+  const int N = (Hq + 2 * Hkv) * hd;
+  if (o.max_ctx <= 0) throw std::invalid_argument("gpu: max_ctx must be positive");
+  if (o.chunk <= 0) throw std::invalid_argument("gpu: chunk must be positive");
+  chunk = std::min(o.chunk, o.max_ctx);
+  const size_t ctx = o.max_ctx;
+  ELASTIC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  gemm = std::make_unique<Gemm>();
+
+  // The plan, before allocating, so a plan that cannot fit fails with its numbers.
+  plan.weights = embed.bytes + lm_head.bytes + final_norm.bytes;
+  for (const GpuLayer& L : layers)
+    plan.weights += L.attn_norm.bytes + L.w_qkv.bytes + L.b_qkv.bytes + L.q_norm.bytes + L.k_norm.bytes +
+                    L.wo.bytes + L.mlp_norm.bytes + L.w_gu.bytes + L.w_down.bytes;
+  plan.kv_full = size_t(c.n_layers) * Hkv * ctx * hd * 2 * 2;
+  plan.prefill_kv = 2 * bf16s(ctx * Hkv * hd);
+  const size_t chunk_act = bf16s(size_t(chunk) * (D + N + 2 * Hq * hd + 3 * F));
+  const size_t decode_act = bf16s(D * 2 + N + 2 * Hq * hd + 2 * Hkv * hd + 3 * F);
+  plan.activations = ctx * 4 + bf16s(ctx * D) + chunk_act + size_t(kLogitRows) * V * 4 + decode_act;
+  const int nb64 = (o.max_ctx + 63) / 64;
+  plan.xattn = (size_t(xattn_list_capacity(Hq, nb64)) + 2 * size_t(Hq) * nb64) * 4;
+  plan.workspace = gemm->workspace_bytes() + size_t(decode_workspace_floats(Hq, hd, o.max_ctx)) * 4;
+  size_t free_b = 0, total_b = 0;
+  ELASTIC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const size_t need = plan.total() - plan.weights - plan.xattn;  // weights are already in; lists only when used
+  if (need > free_b)
+    throw std::runtime_error("gpu: the plan needs " + gib(need) + " more but " + gib(free_b) +
+                             " are free (lower --ctx / -c or --chunk)\n" + plan.describe());
+
+  ids.alloc(ctx * 4);
+  hidden.alloc(bf16s(ctx * D));
+  kscr.alloc(bf16s(ctx * Hkv * hd));
+  vscr.alloc(bf16s(ctx * Hkv * hd));
+  xn.alloc(bf16s(size_t(chunk) * D));
+  qkv.alloc(bf16s(size_t(chunk) * N));
+  q.alloc(bf16s(size_t(chunk) * Hq * hd));
+  attn.alloc(bf16s(size_t(chunk) * Hq * hd));
+  gu.alloc(bf16s(size_t(chunk) * 2 * F));
+  act.alloc(bf16s(size_t(chunk) * F));
+  pool.alloc(size_t(Hkv) * hd * 4);
+  meta.alloc(sizeof(KVHeadMeta) * c.n_layers * Hkv);
+  logits.alloc(size_t(kLogitRows) * V * 4);
+  d_x.alloc(bf16s(D));
+  d_xn.alloc(bf16s(D));
+  d_qkv.alloc(bf16s(N));
+  d_q.alloc(bf16s(Hq * hd));
+  d_k.alloc(bf16s(Hkv * hd));
+  d_v.alloc(bf16s(Hkv * hd));
+  d_attn.alloc(bf16s(Hq * hd));
+  d_gu.alloc(bf16s(2 * F));
+  d_act.alloc(bf16s(F));
+  d_ws.alloc(size_t(decode_workspace_floats(Hq, hd, o.max_ctx)) * 4);
+  d_io.alloc(4 * 4);
+  const size_t nh = size_t(c.n_layers) * Hkv;
+  k_ptrs.alloc(nh * sizeof(void*));
+  v_ptrs.alloc(nh * sizeof(void*));
+  sink_slots.alloc(nh * 4);
+  ring_slots.alloc(nh * 4);
+  dec_heads.alloc(nh * sizeof(DecodeKVHead));
+  caches.resize(nh);
+  routing = RoutingTable::all_full(c.n_layers, Hkv);
+
+  // RoPE frequencies as the CPU model computes them (llama3 scaling included).
+  const std::vector<float> f = compute_rope_inv_freq(c);
+  inv_freq.alloc(f.size() * 4);
+  ELASTIC_CUDA_CHECK(cudaMemcpy(inv_freq.ptr, f.data(), inv_freq.bytes, cudaMemcpyHostToDevice));
+}
+
+GpuModel::GpuModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GpuModel::~GpuModel() = default;
+const ModelConfig& GpuModel::config() const { return impl_->c; }
+const GpuPlan& GpuModel::plan() const { return impl_->plan; }
+int GpuModel::length() const { return impl_->length; }
+const RoutingTable& GpuModel::routing() const { return impl_->routing; }
+
+std::unique_ptr<GpuModel> GpuModel::upload(const Model& m, const GpuOptions& o) {
+  check_shape(m.config);
+  if (device_count() == 0) throw std::runtime_error("gpu: no CUDA device");
+  ELASTIC_CUDA_CHECK(cudaSetDevice(o.device));
+  auto im = std::make_unique<Impl>();
+  im->c = m.config;
+  im->o = o;
+  const ModelWeights& w = m.weights;
+  im->embed = upload_bf16(w.embed);
+  if (!w.lm_head.empty()) im->lm_head = upload_bf16(w.lm_head);
+  im->final_norm = upload_bf16(w.final_norm);
+  for (const LayerWeights& L : w.layers) {
+    GpuLayer g;
+    g.attn_norm = upload_bf16(L.attn_norm);
+    g.w_qkv = upload_bf16(concat({&L.wq, &L.wk, &L.wv}));
+    if (!L.bq.empty()) g.b_qkv = upload_bf16(concat({&L.bq, &L.bk, &L.bv}));
+    if (!L.q_norm.empty()) g.q_norm = upload_bf16(L.q_norm);
+    if (!L.k_norm.empty()) g.k_norm = upload_bf16(L.k_norm);
+    g.wo = upload_bf16(L.wo);
+    g.mlp_norm = upload_bf16(L.mlp_norm);
+    g.w_gu = upload_bf16(concat({&L.w_gate, &L.w_up}));
+    g.w_down = upload_bf16(L.w_down);
+    im->layers.push_back(std::move(g));
+  }
+  im->init_common();
+  return std::unique_ptr<GpuModel>(new GpuModel(std::move(im)));
+}
+
+std::unique_ptr<GpuModel> GpuModel::random(const ModelConfig& c, const GpuOptions& o, uint64_t seed) {
+  check_shape(c);
+  if (device_count() == 0) throw std::runtime_error("gpu: no CUDA device");
+  ELASTIC_CUDA_CHECK(cudaSetDevice(o.device));
+  auto im = std::make_unique<Impl>();
+  im->c = c;
+  im->o = o;
+  const int D = c.hidden, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim, F = c.intermediate;
+  uint64_t s = seed * 0x9e3779b97f4a7c15ULL + 1;
+  // Uniform weights with the variance of N(0, 1/fan_in) keep the residual stream finite over many layers.
+  auto rnd = [&](size_t n, int fan_in) {
+    DeviceBuffer b(bf16s(n));
+    fill_uniform_bf16(b.as<uint16_t>(), n, s++, std::sqrt(3.f / fan_in), nullptr);
+    return b;
+  };
+  auto ones = [&](size_t n) {
+    DeviceBuffer b(bf16s(n));
+    fill_const_bf16(b.as<uint16_t>(), n, 1.f, nullptr);
+    return b;
+  };
+  im->embed = rnd(size_t(c.vocab) * D, 1);
+  if (!c.tie_embeddings) im->lm_head = rnd(size_t(c.vocab) * D, D);
+  im->final_norm = ones(D);
+  for (int l = 0; l < c.n_layers; ++l) {
+    GpuLayer g;
+    g.attn_norm = ones(D);
+    g.w_qkv = rnd(size_t(Hq + 2 * Hkv) * hd * D, D);
+    if (c.attention_bias) g.b_qkv = rnd(size_t(Hq + 2 * Hkv) * hd, 16);
+    if (c.qk_norm) {
+      g.q_norm = ones(hd);
+      g.k_norm = ones(hd);
+    }
+    g.wo = rnd(size_t(D) * Hq * hd, Hq * hd);
+    g.mlp_norm = ones(D);
+    g.w_gu = rnd(size_t(2) * F * D, D);
+    g.w_down = rnd(size_t(D) * F, F);
+    im->layers.push_back(std::move(g));
+  }
+  ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+  im->init_common();
+  return std::unique_ptr<GpuModel>(new GpuModel(std::move(im)));
+}
+
+}  // namespace elastic::cuda

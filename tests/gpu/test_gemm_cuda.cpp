@@ -1,0 +1,224 @@
+// GPU tests (label gpu): cuBLASLt projections (elastic::cuda::Gemm) against a CPU double reference on fresh random
+// bf16 inputs. Outputs written with beta = 0 are poisoned with NaN first, so unwritten elements (or a C read when
+// beta is 0) show up.
+//
+// Tolerances, as max |gpu - ref| / max |ref| per output: bf16 output 1e-2 (one bf16 rounding of the result is at
+// most 2^-9 relative; fp32 accumulation adds far less), fp32 output 2e-3 (fp32 accumulation only; a wrong layout
+// or a missed term gives errors of order 1).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "elastic/cuda.h"
+#include "elastic/cuda_gemm.h"
+
+namespace {
+
+uint16_t f2bf(float f) {  // round to nearest even (inputs here are finite)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float bf2f(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+constexpr uint16_t kNaNBf16 = 0x7fc0;
+
+template <class T>
+struct DevBuf {  // device buffer freed on scope exit
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) { ELASTIC_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T))); }
+  explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size()) { up(h); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void up(const std::vector<T>& h) {
+    ELASTIC_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> down() const {
+    std::vector<T> h(n);
+    ELASTIC_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float sd) {
+  std::normal_distribution<float> N(0.f, sd);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = f2bf(N(rng));
+  return v;
+}
+
+// ref[m, n] = sum_k X[m, k] W[n, k] in double. A product of two bf16 values is exact in float (8-bit significands),
+// so each term is exact and only the double sum rounds. Eight rows at a time (X padded with zero rows) give eight
+// independent sums per W row, so the loop is not bound by one add chain and W's row stays in cache.
+std::vector<double> reference(const std::vector<uint16_t>& X, const std::vector<uint16_t>& W, int M, int N, int K) {
+  constexpr int R = 8;
+  const int Mp = (M + R - 1) / R * R;
+  std::vector<float> xf(size_t(Mp) * K, 0.f), wf(W.size());
+  for (size_t i = 0; i < X.size(); ++i) xf[i] = bf2f(X[i]);
+  for (size_t i = 0; i < W.size(); ++i) wf[i] = bf2f(W[i]);
+  std::vector<double> ref(size_t(M) * N);
+  for (int m0 = 0; m0 < Mp; m0 += R) {
+    const float* x = &xf[size_t(m0) * K];
+    for (int n = 0; n < N; ++n) {
+      const float* w = &wf[size_t(n) * K];
+      double acc[R] = {};
+      for (int k = 0; k < K; ++k)
+        for (int r = 0; r < R; ++r) acc[r] += double(x[size_t(r) * K + k] * w[k]);
+      for (int r = 0; r < R && m0 + r < M; ++r) ref[size_t(m0 + r) * N + n] = acc[r];
+    }
+  }
+  return ref;
+}
+
+// max |got - ref| / max |ref|; non-finite outputs counted separately.
+template <class Get>
+double rel_err(const std::vector<double>& ref, Get got, size_t* bad) {
+  double mx = 0, err = 0;
+  *bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = got(i);
+    if (!std::isfinite(g)) {
+      ++*bad;
+      continue;
+    }
+    mx = std::max(mx, std::abs(ref[i]));
+    err = std::max(err, std::abs(g - ref[i]));
+  }
+  return mx > 0 ? err / mx : err;
+}
+
+struct Shape {
+  int M, N, K;
+};
+
+// All four variants on one shape with fresh inputs: bf16 out, bf16 out + bias, bf16 out + bias + beta = 1
+// accumulate, fp32 out. One double reference serves them all.
+void check_shape(elastic::cuda::Gemm& g, const Shape& s, std::mt19937& rng, cudaStream_t stream) {
+  const int M = s.M, N = s.N, K = s.K;
+  const std::string tag = "M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K);
+  const auto X = random_bf16(size_t(M) * K, rng, 1.f);
+  const auto W = random_bf16(size_t(N) * K, rng, 1.f / std::sqrt(float(K)));  // keeps |Y| of order 1
+  const auto bias = random_bf16(N, rng, 1.f);
+  const auto Y0 = random_bf16(size_t(M) * N, rng, 1.f);  // the residual that beta = 1 accumulates onto
+  const auto ref = reference(X, W, M, N, K);
+
+  DevBuf<uint16_t> dX(X), dW(W), dbias(bias), dY(size_t(M) * N);
+  DevBuf<float> dYf(size_t(M) * N);
+  size_t bad = 0;
+
+  // bf16 out, beta = 0.
+  dY.up(std::vector<uint16_t>(size_t(M) * N, kNaNBf16));
+  g.bf16(dX.p, dW.p, dY.p, M, N, K, stream);
+  ELASTIC_CUDA_CHECK(cudaStreamSynchronize(stream));
+  {
+    const auto y = dY.down();
+    const double e = rel_err(ref, [&](size_t i) { return double(bf2f(y[i])); }, &bad);
+    EXPECT_EQ(bad, 0u) << tag << " bf16: non-finite outputs";
+    EXPECT_LT(e, 1e-2) << tag << " bf16";
+  }
+
+  // bf16 out + bias.
+  std::vector<double> ref_b(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) ref_b[i] = ref[i] + bf2f(bias[i % N]);
+  dY.up(std::vector<uint16_t>(size_t(M) * N, kNaNBf16));
+  g.bf16(dX.p, dW.p, dY.p, M, N, K, stream, dbias.p);
+  ELASTIC_CUDA_CHECK(cudaStreamSynchronize(stream));
+  {
+    const auto y = dY.down();
+    const double e = rel_err(ref_b, [&](size_t i) { return double(bf2f(y[i])); }, &bad);
+    EXPECT_EQ(bad, 0u) << tag << " bf16+bias: non-finite outputs";
+    EXPECT_LT(e, 1e-2) << tag << " bf16+bias";
+  }
+
+  // bf16 out + bias, beta = 1: Y = Y0 + X W^T + bias.
+  std::vector<double> ref_acc(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) ref_acc[i] = ref_b[i] + bf2f(Y0[i]);
+  dY.up(Y0);
+  g.bf16(dX.p, dW.p, dY.p, M, N, K, stream, dbias.p, 1.f);
+  ELASTIC_CUDA_CHECK(cudaStreamSynchronize(stream));
+  {
+    const auto y = dY.down();
+    const double e = rel_err(ref_acc, [&](size_t i) { return double(bf2f(y[i])); }, &bad);
+    EXPECT_EQ(bad, 0u) << tag << " bf16+bias+beta1: non-finite outputs";
+    EXPECT_LT(e, 1e-2) << tag << " bf16+bias+beta1";
+  }
+
+  // bf16 out, beta = 1, no bias (the plain residual add of the output projections).
+  std::vector<double> ref_res(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) ref_res[i] = ref[i] + bf2f(Y0[i]);
+  dY.up(Y0);
+  g.bf16(dX.p, dW.p, dY.p, M, N, K, stream, nullptr, 1.f);
+  ELASTIC_CUDA_CHECK(cudaStreamSynchronize(stream));
+  {
+    const auto y = dY.down();
+    const double e = rel_err(ref_res, [&](size_t i) { return double(bf2f(y[i])); }, &bad);
+    EXPECT_EQ(bad, 0u) << tag << " bf16+beta1: non-finite outputs";
+    EXPECT_LT(e, 1e-2) << tag << " bf16+beta1";
+  }
+
+  // fp32 out.
+  dYf.up(std::vector<float>(size_t(M) * N, NAN));
+  g.bf16_out_f32(dX.p, dW.p, dYf.p, M, N, K, stream);
+  ELASTIC_CUDA_CHECK(cudaStreamSynchronize(stream));
+  {
+    const auto y = dYf.down();
+    const double e = rel_err(ref, [&](size_t i) { return double(y[i]); }, &bad);
+    EXPECT_EQ(bad, 0u) << tag << " fp32: non-finite outputs";
+    EXPECT_LT(e, 2e-3) << tag << " fp32";
+  }
+}
+
+}  // namespace
+
+TEST(CudaGemm, MatchesCpuReference) {
+  if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(std::random_device{}());
+  cudaStream_t stream = nullptr;
+  ELASTIC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    elastic::cuda::Gemm g;
+    for (const Shape& s : {Shape{1, 4096, 2560}, Shape{37, 1152, 576}, Shape{300, 8192, 1024}, Shape{13, 50000, 256}})
+      check_shape(g, s, rng, stream);
+    // The first shape again with fresh data: runs the cached plans.
+    check_shape(g, Shape{1, 4096, 2560}, rng, stream);
+  }
+  ELASTIC_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// Odd sizes (no dimension a multiple of 8) and the default stream.
+TEST(CudaGemm, OddShapesDefaultStream) {
+  if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(std::random_device{}());
+  elastic::cuda::Gemm g(4u << 20);
+  EXPECT_EQ(g.workspace_bytes(), size_t(4u << 20));
+  check_shape(g, Shape{3, 77, 33}, rng, nullptr);
+}
+
+TEST(CudaGemm, RejectsBadShapes) {
+  if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";  // constructing a Gemm needs a device
+  elastic::cuda::Gemm g;
+  DevBuf<uint16_t> x(std::vector<uint16_t>(16, f2bf(1.f))), w(std::vector<uint16_t>(16, f2bf(1.f))), y(16);
+  DevBuf<float> f(16);
+  EXPECT_THROW(g.bf16(x.p, w.p, y.p, 0, 4, 4, nullptr), std::invalid_argument);
+  EXPECT_THROW(g.bf16(x.p, w.p, y.p, 4, -1, 4, nullptr), std::invalid_argument);
+  EXPECT_THROW(g.bf16(x.p, w.p, y.p, 4, 4, 0, nullptr, w.p, 1.f), std::invalid_argument);
+  EXPECT_THROW(g.bf16_out_f32(x.p, w.p, f.p, 4, 4, -3, nullptr), std::invalid_argument);
+  EXPECT_THROW(g.bf16(nullptr, w.p, y.p, 4, 4, 4, nullptr), std::invalid_argument);
+  EXPECT_NO_THROW(g.bf16(x.p, w.p, y.p, 4, 4, 4, nullptr));  // still usable after the rejects: all ones -> 4
+  ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+  for (uint16_t v : y.down()) EXPECT_EQ(bf2f(v), 4.f);
+}

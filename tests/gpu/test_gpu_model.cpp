@@ -1,0 +1,279 @@
+// GPU test (label "gpu"): the whole bf16 GPU decoder against the fp32 CPU model with the same (bf16-rounded)
+// weights, under full, hybrid and router-decided routings, for prefill logits and decode steps; and against the
+// transformers fixtures made on the GPU machine (scripts/make_fixtures.py, qwen3_gpu / llama_gpu).
+// Tolerance: max |gpu - cpu| / max |cpu| < 3e-2 over the logits (bf16 activations through every layer).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "elastic/cuda.h"
+#include "elastic/cuda_ops.h"
+#include "elastic/gpu_model.h"
+#include "elastic/model_shapes.h"
+#include "elastic/npy.h"
+#include "elastic/router.h"
+
+using namespace elastic;
+namespace fs = std::filesystem;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+constexpr double kTol = 3e-2;
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  double md = 0, mv = 0;
+  if (got.size() != ref.size()) return 1e30;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return 1e30;
+    md = std::max(md, double(std::abs(got[i] - ref[i])));
+    mv = std::max(mv, double(std::abs(ref[i])));
+  }
+  return md / mv;
+}
+
+void round_bf16(std::vector<float>& v) {
+  for (float& x : v) x = cuda::bf16_to_f32(cuda::f32_to_bf16(x));
+}
+
+// Weights with the scale of a trained model (unit-variance activations), rounded to bf16 so that the CPU and the
+// GPU compute from the same weights.
+Model make_model(bool llama, uint64_t seed) {
+  ModelConfig c;
+  c.arch = llama ? Arch::Llama : Arch::Qwen3;
+  c.hidden = llama ? 192 : 256;
+  c.n_layers = 3;
+  c.n_heads = llama ? 6 : 8;  // group 3 runs the simple kernel, group 4 the wgmma one
+  c.n_kv_heads = 2;
+  c.head_dim = llama ? 64 : 128;
+  c.intermediate = llama ? 320 : 512;
+  c.vocab = 1000;
+  c.max_positions = 4096;
+  c.rms_eps = llama ? 1e-5f : 1e-6f;
+  c.rope.theta = llama ? 500000 : 1e6;
+  if (llama) {
+    c.rope.llama3 = true;
+    c.rope.factor = 8;
+    c.rope.original_max_positions = 256;
+  }
+  c.tie_embeddings = !llama;
+  c.attention_bias = llama;
+  c.qk_norm = !llama;
+  Model m = random_model(c, seed);
+  std::mt19937_64 rng(seed + 1);
+  std::normal_distribution<float> N(0.f, 1.f);
+  auto fill = [&](std::vector<float>& v, double sd, double mean = 0) {
+    for (float& x : v) x = float(mean + sd * N(rng));
+    round_bf16(v);
+  };
+  const int D = c.hidden, qd = c.n_heads * c.head_dim, kd = c.n_kv_heads * c.head_dim;
+  fill(m.weights.embed, 1.0);
+  fill(m.weights.final_norm, 0.1, 1.0);
+  if (!m.weights.lm_head.empty()) fill(m.weights.lm_head, 1.0 / std::sqrt(D));
+  for (LayerWeights& L : m.weights.layers) {
+    fill(L.attn_norm, 0.1, 1.0);
+    fill(L.mlp_norm, 0.1, 1.0);
+    fill(L.wq, 1.0 / std::sqrt(D));
+    fill(L.wk, 1.0 / std::sqrt(D));
+    fill(L.wv, 1.0 / std::sqrt(D));
+    fill(L.wo, 0.5 / std::sqrt(qd));
+    fill(L.w_gate, 1.0 / std::sqrt(D));
+    fill(L.w_up, 1.0 / std::sqrt(D));
+    fill(L.w_down, 0.5 / std::sqrt(c.intermediate));
+    if (c.qk_norm) {
+      fill(L.q_norm, 0.1, 1.0);
+      fill(L.k_norm, 0.1, 1.0);
+    }
+    if (c.attention_bias) {
+      L.bq.resize(qd);
+      L.bk.resize(kd);
+      L.bv.resize(kd);
+      fill(L.bq, 0.3);
+      fill(L.bk, 0.3);
+      fill(L.bv, 0.3);
+    }
+  }
+  return m;
+}
+
+std::vector<int32_t> random_ids(int T, int V, std::mt19937_64& rng) {
+  std::vector<int32_t> ids(T);
+  for (auto& x : ids) x = int32_t(rng() % V);
+  return ids;
+}
+
+RoutingTable mixed(const ModelConfig& c, bool with_xattn) {
+  RoutingTable r = RoutingTable::all_full(c.n_layers, c.n_kv_heads);
+  for (size_t i = 0; i < r.mode.size(); ++i)
+    r.mode[i] = i % 3 == 1 ? HeadMode::Streaming : (i % 3 == 2 && with_xattn ? HeadMode::XAttn : HeadMode::Full);
+  r.sparse.block = 64;
+  r.sparse.sink = 64;
+  r.sparse.local = 128;
+  r.sparse.xattn.block = 64;
+  return r;
+}
+
+std::vector<float> cpu_prefill(const Model& m, const std::vector<int32_t>& ids, const RoutingTable& r, int chunk,
+                               KVCache& cache, int capacity) {
+  cache.init(m.config, capacity, &r);
+  std::vector<float> logits;
+  m.prefill(ids.data(), int(ids.size()), chunk, cache, logits, true, nullptr, &r);
+  return logits;
+}
+
+class GpuModelTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GpuModelTest, PrefillLogitsMatchCpuFullAndHybrid) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Model m = make_model(GetParam(), seed);
+  std::mt19937_64 rng(seed);
+  cuda::GpuOptions o;
+  o.max_ctx = 1024;
+  o.chunk = 256;
+  auto g = cuda::GpuModel::upload(m, o);
+  const auto ids = random_ids(700, m.config.vocab, rng);
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant) + " (0 full, 1 full+ssa, 2 full+ssa+xattn)");
+    RoutingTable r = variant == 0 ? RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads)
+                                  : mixed(m.config, variant == 2);
+    KVCache cache;
+    const auto ref = cpu_prefill(m, ids, r, 256, cache, 1024);
+    std::vector<float> got;
+    cuda::GpuPrefillStats st;
+    g->prefill(ids.data(), int(ids.size()), &r, nullptr, &got, true, &st);
+    EXPECT_LT(rel_err(got, ref), kTol);
+    EXPECT_GT(st.attention_ms, 0);
+    if (variant > 0) EXPECT_LT(st.kv_bytes, g->plan().kv_full) << "streaming heads keep a smaller cache";
+    // Last-row logits alone are the same numbers.
+    std::vector<float> last;
+    g->prefill(ids.data(), int(ids.size()), &r, nullptr, &last, false);
+    EXPECT_EQ(last, std::vector<float>(got.end() - m.config.vocab, got.end()));
+  }
+}
+
+TEST_P(GpuModelTest, DecodeStepsMatchCpuWithAndWithoutGraphs) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Model m = make_model(GetParam(), seed);
+  std::mt19937_64 rng(seed);
+  cuda::GpuOptions o;
+  o.max_ctx = 1024;
+  o.chunk = 256;
+  auto g_graph = cuda::GpuModel::upload(m, o);
+  o.graphs = false;
+  auto g_eager = cuda::GpuModel::upload(m, o);
+  const auto ids = random_ids(450, m.config.vocab, rng), next = random_ids(8, m.config.vocab, rng);
+  const RoutingTable r = mixed(m.config, true);
+  KVCache cache;
+  cpu_prefill(m, ids, r, 256, cache, 1024);
+  g_graph->prefill(ids.data(), int(ids.size()), &r, nullptr, nullptr, false);
+  g_eager->prefill(ids.data(), int(ids.size()), &r, nullptr, nullptr, false);
+  for (size_t i = 0; i < next.size(); ++i) {
+    std::vector<float> ref, a, b;
+    m.forward(&next[i], 1, cache, ref, false);
+    const int32_t ta = g_graph->decode(next[i], &a), tb = g_eager->decode(next[i], &b);
+    EXPECT_LT(rel_err(a, ref), kTol) << "step " << i;
+    EXPECT_EQ(a, b) << "graph replay differs from eager decode at step " << i;
+    EXPECT_EQ(ta, tb);
+    EXPECT_EQ(ta, int32_t(std::max_element(a.begin(), a.end()) - a.begin()));
+  }
+  EXPECT_EQ(g_graph->length(), int(ids.size() + next.size()));
+}
+
+TEST_P(GpuModelTest, RouterDecidesLikeCpu) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Model m = make_model(GetParam(), seed);
+  std::mt19937_64 rng(seed);
+  RouterSpec spec;
+  spec.n_layers = m.config.n_layers;
+  spec.n_kv_heads = m.config.n_kv_heads;
+  spec.head_dim = m.config.head_dim;
+  spec.pool_first = spec.pool_last = 48;
+  spec.sparse = mixed(m.config, false).sparse;
+  auto router = std::make_shared<Router>(Router::init(spec, seed));
+  cuda::GpuOptions o;
+  o.max_ctx = 512;
+  o.chunk = 128;
+  auto g = cuda::GpuModel::upload(m, o);
+  int agree = 0, total = 0;
+  for (int trial = 0; trial < 4; ++trial) {
+    const auto ids = random_ids(300, m.config.vocab, rng);
+    std::vector<float> got;
+    g->prefill(ids.data(), int(ids.size()), nullptr, router.get(), &got, true);
+    Model mr = m;
+    mr.router = router;
+    KVCache cache;
+    cache.init_deferred(m.config, 512);
+    std::vector<float> cpu_logits;
+    mr.prefill(ids.data(), int(ids.size()), 128, cache, cpu_logits, true);
+    for (size_t i = 0; i < cache.routing.mode.size(); ++i) agree += cache.routing.mode[i] == g->routing().mode[i];
+    total += int(cache.routing.mode.size());
+    // Under the GPU's own decision, the CPU model gives the same logits.
+    KVCache c2;
+    const auto ref = cpu_prefill(m, ids, g->routing(), 128, c2, 512);
+    EXPECT_LT(rel_err(got, ref), kTol);
+  }
+  // Router margins near zero can flip between bf16 and fp32 keys.
+  EXPECT_GE(agree, total * 9 / 10) << agree << " of " << total << " head decisions agree";
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, GpuModelTest, ::testing::Values(false, true),
+                         [](const auto& i) { return std::string(i.param ? "LlamaHd64Bias" : "Qwen3Hd128QkNorm"); });
+
+// The transformers fixtures with head dims the kernels run (made on the GPU machine).
+class GpuFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuFixture, LogitsAndGreedyMatchTransformers) {
+  SKIP_WITHOUT_GPU();
+  const char* env = std::getenv("ELASTIC_GPU_FIXTURES");
+  const std::string dir = (env ? std::string(env) : std::string(ELASTIC_FIXTURE_DIR)) + "/" + GetParam();
+  ASSERT_TRUE(fs::exists(dir + "/logits.npy")) << "fixture missing: " << dir;
+  Model m = Model::load(dir);
+  const auto ids = read_npy_ids(dir + "/ids.npy");
+  const auto greedy = read_npy_ids(dir + "/greedy.npy");
+  std::vector<int64_t> shape;
+  const auto ref = read_npy_f32(dir + "/logits.npy", &shape);
+  cuda::GpuOptions o;
+  o.max_ctx = 256;
+  auto g = cuda::GpuModel::upload(m, o);
+  std::vector<float> got;
+  g->prefill(ids.data(), int(ids.size()), nullptr, nullptr, &got, true);
+  EXPECT_LT(rel_err(got, ref), kTol);
+  std::vector<int32_t> out;
+  int32_t t = int32_t(std::max_element(got.end() - m.config.vocab, got.end()) - (got.end() - m.config.vocab));
+  for (size_t i = 0; i < greedy.size(); ++i) {
+    out.push_back(t);
+    t = g->decode(t);
+  }
+  EXPECT_EQ(out, greedy);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers, GpuFixture, ::testing::Values("qwen3_gpu", "llama_gpu"));
+
+TEST(GpuModelErrors, BadInputsNameTheProblem) {
+  SKIP_WITHOUT_GPU();
+  Model m = make_model(false, 7);
+  cuda::GpuOptions o;
+  o.max_ctx = 128;
+  auto g = cuda::GpuModel::upload(m, o);
+  std::vector<int32_t> ids(200, 1);
+  EXPECT_THROW(g->prefill(ids.data(), 200, nullptr, nullptr, nullptr, false), std::invalid_argument);
+  ids.resize(10);
+  ids[3] = 5000;
+  EXPECT_THROW(g->prefill(ids.data(), 10, nullptr, nullptr, nullptr, false), std::invalid_argument);
+  EXPECT_THROW(g->decode(1), std::logic_error);  // no sequence yet
+  ModelConfig c = named_shape("tiny");  // head_dim 32
+  EXPECT_THROW(cuda::GpuModel::random(c, o, 1), std::invalid_argument);
+}
+
+}  // namespace
