@@ -17,11 +17,11 @@ ldd $C/elastic | grep -E "not found" && echo "missing libraries" | tee -a "$O/gp
 rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
   python3 scripts/make_fixtures.py --only qwen3_gpu,llama_gpu --out "$O/fixtures" 2>&1 | tail -n 3 | tee "$O/fixtures.log"
-  ELASTIC_GPU_FIXTURES=$O/fixtures timeout 300 $C/elastic_gpu_tests 2>&1 | tee "$O/gpu_tests.log" | grep -vE "^\[ +(RUN|OK) " | tail -n 60
+  ELASTIC_GPU_FIXTURES=$O/fixtures timeout ${TEST_TIMEOUT:-300} $C/elastic_gpu_tests 2>&1 | tee "$O/gpu_tests.log" | grep -vE "^\[ +(RUN|OK) " | tail -n 60
   rc=${PIPESTATUS[0]}
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
-  timeout 400 $C/elastic bench --device cuda --shape qwen3-4b -c "$LENGTHS" --modes "$MODES" -r "$REPS" \
+  timeout ${BENCH_TIMEOUT:-400} $C/elastic bench --device cuda --shape qwen3-4b -c "$LENGTHS" --modes "$MODES" -r "$REPS" \
     2> "$O/bench_gpu.err" | tee "$O/bench_gpu.md"
   tail -n 3 "$O/bench_gpu.err"
 fi

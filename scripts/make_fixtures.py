@@ -224,7 +224,7 @@ def main():
                          intermediate_size=256),
              rope_theta=1e6, save_dtype=torch.bfloat16, seed=4567),
         dict(name="llama_gpu", cls=LlamaForCausalLM, cfg_cls=LlamaConfig,
-             common=dict(llama_common, hidden_size=128, head_dim=64, num_attention_heads=6, num_key_value_heads=2,
+             common=dict(llama_common, hidden_size=192, head_dim=64, num_attention_heads=6, num_key_value_heads=2,
                          intermediate_size=256),
              rope_theta=500000.0, rope_scaling=llama_scaling, save_dtype=torch.bfloat16, seed=5678),
     ]

@@ -25,6 +25,11 @@ class Gemm {
             const uint16_t* bias = nullptr, float beta = 0.f);
   void bf16_out_f32(const uint16_t* X, const uint16_t* W, float* Y, int M, int N, int K, cudaStream_t stream);
 
+  // The activation gradient of a projection: dX[M, K] (+)= dY[M, N] W[N, K] (W the same [out, in] buffer as the
+  // forward), fp32 out; beta = 1 adds into dX (branches summing into one gradient).
+  void bf16_dx_f32(const uint16_t* dY, const uint16_t* W, float* dX, int M, int N, int K, cudaStream_t stream,
+                   float beta = 0.f);
+
   size_t workspace_bytes() const { return ws_bytes_; }
 
  private:

@@ -51,8 +51,8 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// M, N, K, out type, has bias, beta != 0, alignments of W, X, Y, bias.
-using Key = std::tuple<int, int, int, int, int, int, uint32_t, uint32_t, uint32_t, uint32_t>;
+// M, N, K, out type, has bias, beta != 0, alignments of W, X, Y, bias, W not transposed (the backward's "NN").
+using Key = std::tuple<int, int, int, int, int, int, uint32_t, uint32_t, uint32_t, uint32_t, int>;
 
 }  // namespace
 
@@ -75,8 +75,9 @@ struct Gemm::Impl {
     if (handle) cublasLtDestroy(handle);
   }
 
+  // nn = false: Y[M, N] = X[M, K] W[N, K]^T.  nn = true: Y[M, N] = X[M, K] W[K, N] (W row-major [K, N]).
   void run(const void* X, const void* W, void* Y, int M, int N, int K, cudaDataType_t out_type, const void* bias,
-           float beta, size_t ws_bytes, cudaStream_t stream) {
+           float beta, size_t ws_bytes, cudaStream_t stream, bool nn = false) {
     const Key key{M,
                   N,
                   K,
@@ -86,9 +87,10 @@ struct Gemm::Impl {
                   alignment_of(W),
                   alignment_of(X),
                   alignment_of(Y),
-                  alignment_of(bias)};
+                  alignment_of(bias),
+                  nn ? 1 : 0};
     auto it = plans.find(key);
-    if (it == plans.end()) it = plans.emplace(key, make_plan(M, N, K, out_type, bias, X, W, Y, ws_bytes)).first;
+    if (it == plans.end()) it = plans.emplace(key, make_plan(M, N, K, out_type, bias, X, W, Y, ws_bytes, nn)).first;
     Plan& p = it->second;
     if (bias)  // the bias pointer lives in the descriptor; refresh it for this call (same alignment as planned)
       ELASTIC_LT_CHECK(
@@ -99,11 +101,12 @@ struct Gemm::Impl {
   }
 
   Plan make_plan(int M, int N, int K, cudaDataType_t out_type, const void* bias, const void* X, const void* W,
-                 const void* Y, size_t ws_bytes) {
+                 const void* Y, size_t ws_bytes, bool nn) {
     Plan p;
     try {
       ELASTIC_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-      const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+      // NN: the row-major [K, N] W buffer is the col-major N x K matrix W^T itself, so A needs no transpose.
+      const int32_t ta = nn ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
       ELASTIC_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
       ELASTIC_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
       if (bias) {
@@ -117,7 +120,10 @@ struct Gemm::Impl {
         ELASTIC_LT_CHECK(
             cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
       }
-      ELASTIC_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, K, N, K));  // W^T buffer, op T
+      if (nn)
+        ELASTIC_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, N, K, N));  // W buffer, op N
+      else
+        ELASTIC_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, K, N, K));  // W^T buffer, op T
       ELASTIC_LT_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, K, M, K));  // X^T buffer, op N
       ELASTIC_LT_CHECK(cublasLtMatrixLayoutCreate(&p.cd, out_type, N, M, N));    // Y^T buffer
 
@@ -186,6 +192,13 @@ void Gemm::bf16(const uint16_t* X, const uint16_t* W, uint16_t* Y, int M, int N,
 void Gemm::bf16_out_f32(const uint16_t* X, const uint16_t* W, float* Y, int M, int N, int K, cudaStream_t stream) {
   check_shape("bf16_out_f32", X, W, Y, M, N, K);
   impl_->run(X, W, Y, M, N, K, CUDA_R_32F, nullptr, 0.f, ws_bytes_, stream);
+}
+
+void Gemm::bf16_dx_f32(const uint16_t* dY, const uint16_t* W, float* dX, int M, int N, int K, cudaStream_t stream,
+                       float beta) {
+  check_shape("bf16_dx_f32", dY, W, dX, M, N, K);
+  // dX[M, K] = dY[M, N] W[N, K]: the NN form with the inner dimension N.
+  impl_->run(dY, W, dX, M, K, N, CUDA_R_32F, nullptr, beta, ws_bytes_, stream, true);
 }
 
 }  // namespace elastic::cuda
