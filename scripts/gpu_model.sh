@@ -3,7 +3,9 @@
 # scripts/gpu_carry.sh, since that image lacks OpenBLAS/PCRE2/CLI11): makes the transformers fixtures for the GPU
 # tests, runs every GPU test, then `elastic bench --device cuda` on the Qwen3-4B shape and the transformers SDPA
 # end-to-end prefill baseline on the same shape and lengths. Logs go to $OUT.
-# Env: LENGTHS (bench lengths), MODES, SKIP_TESTS=1, SKIP_HF=1, SKIP_BENCH=1, REPS.
+# Then the router-training speed (bench_train_gpu) on the same shape.
+# Env: LENGTHS (bench lengths), MODES, LONG_LENGTHS / LONG_MODES (a second bench pass, e.g. 64K-128K without the
+# XAttention estimate), TRAIN_LENGTHS, SKIP_TESTS=1, SKIP_HF=1, SKIP_BENCH=1, SKIP_TRAIN=1, REPS, GTEST_FILTER.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
@@ -20,13 +22,24 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   ELASTIC_GPU_FIXTURES=$O/fixtures timeout ${TEST_TIMEOUT:-300} $C/elastic_gpu_tests 2>&1 | tee "$O/gpu_tests.log" | grep -vE "^\[ +(RUN|OK) " | tail -n 60
   rc=${PIPESTATUS[0]}
 fi
+if [ -z "${SKIP_TRAIN:-}" ]; then
+  timeout ${TRAIN_TIMEOUT:-300} $C/bench_train_gpu qwen3-4b "${TRAIN_LENGTHS:-8192,32768,65536}" 2 ssa \
+    2> "$O/bench_train.err" | tee "$O/bench_train.md"
+  tail -n 4 "$O/bench_train.err"
+fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   timeout ${BENCH_TIMEOUT:-400} $C/elastic bench --device cuda --shape qwen3-4b -c "$LENGTHS" --modes "$MODES" -r "$REPS" \
     2> "$O/bench_gpu.err" | tee "$O/bench_gpu.md"
   tail -n 3 "$O/bench_gpu.err"
+  if [ -n "${LONG_LENGTHS:-}" ]; then
+    timeout ${BENCH_TIMEOUT:-400} $C/elastic bench --device cuda --shape qwen3-4b -c "$LONG_LENGTHS" \
+      --modes "${LONG_MODES:-full,ssa,hybrid@0.5,hybrid@0.7,hybrid@0.9}" -r "$REPS" 2> "$O/bench_gpu_long.err" \
+      | tee "$O/bench_gpu_long.md"
+    tail -n 3 "$O/bench_gpu_long.err"
+  fi
 fi
 if [ -z "${SKIP_HF:-}" ]; then
-  timeout 300 python3 bench/gpu/hf_prefill_baseline.py --shape qwen3-4b ${LENGTHS//,/ } 2>&1 | tail -n 8 | tee "$O/hf_prefill.log"
+  timeout ${HF_TIMEOUT:-300} python3 bench/gpu/hf_prefill_baseline.py --shape qwen3-4b ${LENGTHS//,/ } ${LONG_LENGTHS//,/ } 2>&1 | tail -n 8 | tee "$O/hf_prefill.log"
 fi
 echo "gpu tests exit code: $rc"
 exit $rc

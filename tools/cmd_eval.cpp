@@ -1,4 +1,5 @@
 // elastic eval: RULER-style long-context suite over several routing methods, resumable, with a report.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -9,6 +10,9 @@
 #include "elastic/eval.h"
 #include "elastic/router.h"
 #include "elastic/tokenizer.h"
+#ifdef ELASTIC_HAVE_CUDA
+#include "elastic/gpu_model.h"
+#endif
 
 namespace fs = std::filesystem;
 
@@ -35,7 +39,7 @@ std::vector<std::string> split_list(const std::string& s) {
 void add_eval_command(CLI::App& app, Commands& cmds) {
   struct Opts {
     std::string model, suite = "ruler", tasks, lengths = "4k,8k,16k,32k", methods, routing, mode, scores, hay, code,
-                       out = "eval_out", tok, router;
+                       out = "eval_out", tok, router, device = "cpu";
     int samples = 50, threads = 0, chunk = kDefaultPrefillChunk;
     uint64_t seed = 0;
     SparseSettings sparse;
@@ -61,6 +65,8 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
   sub->add_option("-o,--output", o->out, "Output folder (results.jsonl, results.md, summary.json, SVGs)");
   sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  sub->add_option("--device", o->device, "cpu, or cuda (samples run on the bf16 GPU backend; probing stays on the CPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_flag("--no-chat", o->no_chat, "Do not apply the model's chat template to prompts");
   sub->add_option("--block", o->sparse.block, "Sparse block size of the built-in methods (64 or 128)");
   sub->add_option("--sink", o->sparse.sink, "Streaming sink tokens of the built-in methods");
@@ -134,6 +140,23 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
     }
     if (!o->mode.empty()) methods.push_back(method_uniform("mode:" + o->mode, parse_head_mode(o->mode)));
     for (Method& me : routers) methods.push_back(std::move(me));
+#ifdef ELASTIC_HAVE_CUDA
+    std::unique_ptr<cuda::GpuModel> gpu;
+#endif
+    if (o->device == "cuda") {
+#ifdef ELASTIC_HAVE_CUDA
+      cuda::GpuOptions go;
+      int longest = 0;
+      for (int L : eo.lengths) longest = std::max(longest, L);
+      go.max_ctx = longest + 1024;  // the prompt (a chat template adds a few tokens) and the answer or reference
+      go.chunk = o->chunk;
+      gpu = cuda::GpuModel::upload(m, go);
+      std::fprintf(stderr, "%s\n", gpu->plan().describe().c_str());
+      eo.backend = cuda::gpu_sequence_backend(*gpu);
+#else
+      throw std::runtime_error("eval: this build has no CUDA backend (--device cuda)");
+#endif
+    }
     EvalSummary s = run_eval(m, t.get(), methods, eo);
     write_report(s, eo.out_dir);
     std::fprintf(stderr, "wrote %s/results.md, summary.json and SVG charts (results.jsonl holds every sample)\n",

@@ -6,6 +6,10 @@
 #include "cli_common.h"
 #include "elastic/tokenizer.h"
 #include "elastic/train.h"
+#ifdef ELASTIC_HAVE_CUDA
+#include "elastic/gpu_model.h"
+#include "elastic/gpu_train.h"
+#endif
 
 namespace fs = std::filesystem;
 
@@ -13,7 +17,8 @@ namespace elastic::cli {
 
 void add_train_router_command(CLI::App& app, Commands& cmds) {
   struct Opts {
-    std::string model, tok, out = "router.safetensors", log = "train_log.jsonl", plots, sparse_mode = "ssa", haystack;
+    std::string model, tok, out = "router.safetensors", log = "train_log.jsonl", plots, sparse_mode = "ssa", haystack,
+        device = "cpu";
     std::vector<std::string> data;
     std::vector<std::string> targets;  // class=value overrides
     int threads = 0, builtin_samples = 240, builtin_len = 0;
@@ -46,6 +51,8 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--seed", o->to.seed, "Seed (init, data order, gate noise)");
   sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  sub->add_option("--device", o->device, "cpu, or cuda (the bf16 GPU backbone; same data, schedule and logs)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("-o,--output", o->out, "Router file (.safetensors)");
   sub->add_option("--log", o->log, "Per-step JSONL log");
   sub->add_option("--plots", o->plots, "Plot prefix (default: the log path without extension)");
@@ -87,11 +94,29 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       std::fprintf(stderr, "train-router: %s: %d of %d lines used\n", path.c_str(), rep.used, rep.lines);
       data.insert(data.end(), part.begin(), part.end());
     }
+    StepRunnerFactory runner;  // empty: the CPU
+#ifdef ELASTIC_HAVE_CUDA
+    std::unique_ptr<cuda::GpuModel> gpu;
+#endif
+    if (o->device == "cuda") {
+#ifdef ELASTIC_HAVE_CUDA
+      cuda::GpuOptions go;
+      go.max_ctx = 64;  // the inference buffers stay small: the trainer sizes its own for --max-len
+      go.graphs = false;
+      gpu = cuda::GpuModel::upload(m, go);
+      runner = cuda::gpu_step_runner_factory(*gpu, to.max_len);
+#else
+      throw std::runtime_error("train-router: this build has no CUDA backend (--device cuda)");
+#endif
+    }
     std::vector<StepLog> logs;
-    Router r = train_router(m, data, to, [&](const StepLog& s) {
-      logs.push_back(s);
-      std::fprintf(stderr, "%s\n", format_step_line(s, to.steps).c_str());
-    });
+    Router r = train_router(
+        m, data, to,
+        [&](const StepLog& s) {
+          logs.push_back(s);
+          std::fprintf(stderr, "%s\n", format_step_line(s, to.steps).c_str());
+        },
+        runner);
     r.save(o->out);
     const std::string prefix = o->plots.empty() ? fs::path(o->log).replace_extension("").string() : o->plots;
     write_training_plots(logs, prefix);

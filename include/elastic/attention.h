@@ -50,6 +50,11 @@ struct AttentionStats {
   double esr() const;  // Omega_ESR: mean over heads of skipped / causal key blocks
 };
 
+// The prefill of T tokens under a routing without running it: attention pairs done vs full and the last layer's
+// skipped blocks, as attention_forward would count them. Exact for full and streaming heads; XAttention heads
+// depend on the input, so with any of them the figures are NaN.
+AttentionStats routed_prefill_stats(const RoutingTable& r, int T);
+
 // One KV head's keys and values as attention sees them: positions before pos0 come from the cache, whose slots are
 // either one per position (ring_slots == 0) or `sink_slots` fixed slots then a ring of `ring_slots` (a streaming
 // head stores only sink + window); positions from pos0 on come from this call's fresh rows.

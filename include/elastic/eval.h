@@ -43,6 +43,19 @@ Method builtin_method(const std::string& name, const Model& m, const HeadScores*
 // A trained router as a method (FA-SSA or FA-XA, after the router's sparse mode).
 Method method_router(const std::string& name, std::shared_ptr<const PromptRouter> router);
 
+// A model runner other than the CPU model (the GPU backend), one sequence at a time.
+class SequenceBackend {
+ public:
+  virtual ~SequenceBackend() = default;
+  // Starts a sequence: prefill of `prompt` under `routing`, or, when routing is null, under `router`'s per-layer
+  // decisions. Writes the last position's logits and the routing used.
+  virtual void prefill(const std::vector<int32_t>& prompt, const RoutingTable* routing, const PromptRouter* router,
+                       std::vector<float>& logits, RoutingTable& used) = 0;
+  // Appends one token; writes its logits.
+  virtual void decode(int32_t id, std::vector<float>& logits) = 0;
+  virtual std::string name() const = 0;  // "cuda", recorded in run.json
+};
+
 struct EvalProgress {
   int done = 0, total = 0;  // samples finished (including ones found in results.jsonl) / all
   int computed = 0;         // samples computed by this run
@@ -62,6 +75,9 @@ struct EvalOptions {
   std::string model_id;            // recorded in run.json; a resumed run must match it
   int prefill_chunk = kDefaultPrefillChunk;
   std::function<void(const EvalProgress&)> progress;  // empty = a progress line on stderr
+  // Where samples run: null = the CPU model. Another backend's Omega_ESR and FLOPs figures are computed from the
+  // routing over the prompt's blocks (exact for full and streaming heads; NaN when XAttention heads ran).
+  std::shared_ptr<SequenceBackend> backend;
 };
 
 struct SampleResult {
@@ -83,8 +99,9 @@ struct SampleResult {
 };
 
 // Runs one prepared sample routed by `r`, or, when r is null, by the model's router (m.router must be set).
+// backend: run it there instead of on the CPU model (the router, when r is null, is m.router).
 SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& s, const RoutingTable* r,
-                        int prefill_chunk = kDefaultPrefillChunk);
+                        int prefill_chunk = kDefaultPrefillChunk, SequenceBackend* backend = nullptr);
 
 struct CellSummary {
   std::string method, task, task_class, metric;

@@ -62,6 +62,7 @@ class GpuModel {
   const RoutingTable& routing() const;  // the current sequence's routing
 
   struct Impl;
+  Impl& internals() { return *impl_; }  // for src/cuda's trainer, which shares the weights, stream and GEMM
 
  private:
   explicit GpuModel(std::unique_ptr<Impl> impl);
@@ -70,7 +71,14 @@ class GpuModel {
 
 }  // namespace elastic::cuda
 
+namespace elastic {
+class SequenceBackend;  // elastic/eval.h
+}
+
 namespace elastic::cuda {
+
+// The GPU model as eval's backend (`elastic eval --device cuda`): samples run on the device one at a time.
+std::shared_ptr<SequenceBackend> gpu_sequence_backend(GpuModel& g);
 
 // generate() on the GPU model: prefill under `routing` (or the router's decision, or all full), then up to n_new
 // tokens; greedy stays on the device, temperature / top-k / top-p sample on the host from the step's logits.

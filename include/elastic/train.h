@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,13 @@
 #include "elastic/tokenizer.h"
 
 namespace elastic {
+namespace train {
+class StepRunner;  // src/train/router_step.h: one sequence's forward + backward (CPU or GPU)
+}
+
+// Makes the runner of one training step for the router's current parameters (read at each forward). Empty: the CPU
+// runner. elastic::cuda::gpu_step_runner_factory (include/elastic/gpu_train.h) gives the GPU one.
+using StepRunnerFactory = std::function<std::unique_ptr<train::StepRunner>(const RouterSpec& spec, const float* params)>;
 
 struct TrainExample {
   std::string task_class;              // "qa", "retrieval", "summarization", "code", ... (a key of the targets)
@@ -69,8 +77,9 @@ double tau_at(const TrainOptions& o, int step);  // step in [0, steps)
 double lr_at(const TrainOptions& o, int step, double base);
 
 // Trains a router for the frozen model; on_step sees every step's log (the CLI prints the line).
+// runner: where each step runs (empty: the CPU); the same data, schedule, losses and logs either way.
 Router train_router(const Model& m, const std::vector<TrainExample>& data, const TrainOptions& o,
-                    const std::function<void(const StepLog&)>& on_step = {});
+                    const std::function<void(const StepLog&)>& on_step = {}, const StepRunnerFactory& runner = {});
 std::string format_step_line(const StepLog& s, int steps);
 
 // Writes the curves of a training log (lm loss, regularizer, Omega per class, tau) as SVG line charts:

@@ -138,3 +138,43 @@ void attention_forward(const AttentionArgs& a) {
 }
 
 }  // namespace elastic
+
+namespace elastic {
+
+AttentionStats routed_prefill_stats(const RoutingTable& r, int T) {
+  AttentionStats st;
+  const SparseSettings& s = r.sparse;
+  const int B = s.block, nb = (T + B - 1) / B, L = r.n_layers, Hkv = r.n_kv_heads;
+  if (T <= 0 || L <= 0 || Hkv <= 0) return st;
+  for (HeadMode m : r.mode)
+    if (m == HeadMode::XAttn) {
+      st.pairs_done = st.pairs_full = NAN;
+      st.blocks_skipped.assign(Hkv, NAN);
+      st.blocks_causal.assign(Hkv, 1.0);
+      return st;
+    }
+  // Causal (query, key) pairs and causal / skipped blocks of one streaming head; a full head keeps all of them.
+  double all_pairs = 0, ssa_pairs = 0, all_blocks = 0, ssa_skipped = 0;
+  for (int qb = 0; qb < nb; ++qb) {
+    const int q0 = qb * B, rows = std::min(T, q0 + B) - q0;
+    for (int kb = 0; kb <= qb; ++kb) {
+      const double pairs = kb < qb ? double(rows) * B : double(rows) * (rows + 1) / 2;
+      const double w = double(rows) / B;  // a partial last block counts by its rows, as attention_forward does
+      all_pairs += pairs;
+      all_blocks += w;
+      if (streaming_keeps(qb, kb, s)) ssa_pairs += pairs;
+      else ssa_skipped += w;
+    }
+  }
+  const size_t n = r.mode.size();
+  for (size_t i = 0; i < n; ++i) st.pairs_done += r.mode[i] == HeadMode::Full ? all_pairs : ssa_pairs;
+  st.pairs_full = all_pairs * double(n);
+  // ESR: the last layer's KV heads.
+  st.blocks_skipped.assign(Hkv, 0.0);
+  st.blocks_causal.assign(Hkv, all_blocks);
+  for (int h = 0; h < Hkv; ++h)
+    if (r.at(L - 1, h) == HeadMode::Streaming) st.blocks_skipped[h] = ssa_skipped;
+  return st;
+}
+
+}  // namespace elastic

@@ -70,7 +70,8 @@ TaskSpec spec_for(const EvalOptions& o, int32_t vocab, const std::string& task) 
 
 json run_config(const EvalOptions& o, const Tokenizer* tok) {
   return json{{"seed", o.seed},           {"haystack", o.haystack_file}, {"code_corpus", o.code_corpus},
-              {"model", o.model_id},      {"tokenizer", tok != nullptr}, {"chat_template", static_cast<bool>(o.chat)}};
+              {"model", o.model_id},      {"tokenizer", tok != nullptr}, {"chat_template", static_cast<bool>(o.chat)},
+              {"device", o.backend ? o.backend->name() : std::string("cpu")}};
 }
 
 }  // namespace
@@ -170,8 +171,9 @@ SampleResult SampleResult::from_json(const json& j, const std::string& where) {
     r.sample = need("sample").get<int>();
     r.score = need("score").get<double>();
     r.msr = need("msr").get<double>();
-    r.esr = need("esr").get<double>();
-    r.flops = need("flops").get<double>();
+    // null: not known for this sample (XAttention heads on a backend that does not count blocks).
+    r.esr = need("esr").is_null() ? NAN : need("esr").get<double>();
+    r.flops = need("flops").is_null() ? NAN : need("flops").get<double>();
     r.wall_s = need("wall_s").get<double>();
     r.prefill_s = j.value("prefill_s", 0.0);
     r.decode_s = j.value("decode_s", 0.0);
@@ -189,8 +191,29 @@ SampleResult SampleResult::from_json(const json& j, const std::string& where) {
   return r;
 }
 
+namespace {
+
+// The likelihood of a reference and the greedy generation on a SequenceBackend (same rules as the CPU paths).
+LikelihoodScore backend_likelihood(SequenceBackend& be, const std::vector<int32_t>& prompt,
+                                   const std::vector<int32_t>& ref, const RoutingTable* r, const PromptRouter* router,
+                                   int V, RoutingTable& used) {
+  if (prompt.empty()) throw std::runtime_error("likelihood: empty prompt");
+  if (ref.empty()) throw std::runtime_error("likelihood: empty reference");
+  std::vector<float> logits, all;
+  be.prefill(prompt, r, router, logits, used);
+  all = logits;  // row 0 predicts ref[0]
+  for (size_t i = 0; i + 1 < ref.size(); ++i) {
+    be.decode(ref[i], logits);
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  if (all.size() != ref.size() * static_cast<size_t>(V)) throw std::runtime_error("likelihood: unexpected logits shape");
+  return likelihood_from_logits(all.data(), V, ref);
+}
+
+}  // namespace
+
 SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& s, const RoutingTable* r,
-                        int prefill_chunk) {
+                        int prefill_chunk, SequenceBackend* backend) {
   using clock = std::chrono::steady_clock;
   const ModelConfig& c = m.config;
   if (!r && !m.router) throw std::runtime_error("eval: no routing given and the model has no router");
@@ -208,7 +231,9 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
   AttentionStats st;
   const auto t0 = clock::now();
   if (s.metric == TaskMetric::Likelihood) {
-    const LikelihoodScore ls = reference_likelihood(m, s.prompt_ids, s.reference_ids, r, &st, prefill_chunk, &used);
+    const LikelihoodScore ls =
+        backend ? backend_likelihood(*backend, s.prompt_ids, s.reference_ids, r, m.router.get(), c.vocab, used)
+                : reference_likelihood(m, s.prompt_ids, s.reference_ids, r, &st, prefill_chunk, &used);
     out.logprob = ls.mean_logprob;
     out.greedy_acc = ls.greedy_acc;
     out.score = ls.score();
@@ -221,11 +246,15 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
       throw std::runtime_error(s.task + ": a " + std::to_string(T) + "-token prompt leaves no room to generate in the model's " +
                                std::to_string(c.max_positions) + "-token context");
     KVCache cache;
-    if (r) cache.init(c, T + n_new - 1, r);
-    else cache.init_deferred(c, T + n_new - 1);  // routed prefill: each layer is sized once the router decides
     std::vector<float> logits;
-    m.prefill(s.prompt_ids.data(), T, prefill_chunk, cache, logits, false, &st, r);
-    if (!r) used = cache.routing;
+    if (backend) {
+      backend->prefill(s.prompt_ids, r, m.router.get(), logits, used);
+    } else {
+      if (r) cache.init(c, T + n_new - 1, r);
+      else cache.init_deferred(c, T + n_new - 1);  // routed prefill: each layer is sized once the router decides
+      m.prefill(s.prompt_ids.data(), T, prefill_chunk, cache, logits, false, &st, r);
+      if (!r) used = cache.routing;
+    }
     const auto t1 = clock::now();
     Sampler greedy(SamplerParams{});
     for (int i = 0; i < n_new; ++i) {
@@ -233,7 +262,8 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
       if (std::find(c.eos_ids.begin(), c.eos_ids.end(), id) != c.eos_ids.end()) break;
       out.prediction_ids.push_back(id);
       if (i + 1 == n_new) break;
-      m.forward(&id, 1, cache, logits, false, &st, nullptr, false, &used);
+      if (backend) backend->decode(id, logits);
+      else m.forward(&id, 1, cache, logits, false, &st, nullptr, false, &used);
     }
     const auto t2 = clock::now();
     out.prefill_s = std::chrono::duration<double>(t1 - t0).count();
@@ -249,6 +279,7 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
     }
   }
   out.wall_s = std::chrono::duration<double>(clock::now() - t0).count();
+  if (backend) st = routed_prefill_stats(used, T);  // the prompt's attention work, from the routing
   out.n_layers = used.n_layers;
   out.n_kv_heads = used.n_kv_heads;
   for (HeadMode md : used.mode) out.modes += mode_char(md);
@@ -358,7 +389,9 @@ EvalSummary run_eval(Model& m, const Tokenizer* tok, const std::vector<Method>& 
   if (fs::exists(cfg_path)) {
     const json old = read_json_file(cfg_path.string(), "eval run config");
     for (auto it = cfg.begin(); it != cfg.end(); ++it)
-      if (!old.contains(it.key()) || old[it.key()] != it.value())
+      if (!old.contains(it.key()) && it.key() == "device" && it.value() == "cpu") {
+        continue;  // folders from before the GPU backend ran on the CPU
+      } else if (!old.contains(it.key()) || old[it.key()] != it.value())
         throw std::runtime_error(cfg_path.string() + ": this folder holds results of a run with another " + it.key() +
                                  " (" + (old.contains(it.key()) ? old[it.key()].dump() : "none") + ", now " +
                                  it.value().dump() + "): use another output folder");
@@ -406,10 +439,10 @@ EvalSummary run_eval(Model& m, const Tokenizer* tok, const std::vector<Method>& 
               ~Restore() { m.router = saved; }
             } restore{m, m.router};
             m.router = me.router;
-            r = run_sample(m, tok, s, nullptr, o.prefill_chunk);
+            r = run_sample(m, tok, s, nullptr, o.prefill_chunk, o.backend.get());
           } else {
             const RoutingTable table = me.route(m, s.prompt_ids);
-            r = run_sample(m, tok, s, &table, o.prefill_chunk);
+            r = run_sample(m, tok, s, &table, o.prefill_chunk, o.backend.get());
           }
           r.method = me.name;
           r.sample = i;

@@ -32,6 +32,16 @@ struct StepResult {
   Real omega() const;        // Omega_MSR of the sample: mean over heads of (1 - z)
 };
 
+// One training sequence's forward and backward, on whichever device runs it: the trainer holds one of these per
+// step. The CPU runner is RouterStep<float>; the GPU runner is elastic::cuda's GpuRouterStep (include/elastic/gpu_train.h).
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  virtual StepResult<float> forward(const TrainSample& s, const GateSettings& g) = 0;
+  // Adds into dparams the gradient of  lm_weight * lm_loss + omega_weight * Omega  of the last forward.
+  virtual void backward(float lm_weight, float omega_weight, float* dparams) = 0;
+};
+
 template <class Real>
 class RouterStep {
  public:
@@ -45,6 +55,19 @@ class RouterStep {
  private:
   struct Impl;
   Impl* impl_;
+};
+
+// RouterStep<float> as a StepRunner (the CPU trainer's runner).
+class CpuStepRunner : public StepRunner {
+ public:
+  CpuStepRunner(const Model& m, const RouterSpec& spec, const float* params) : step_(m, spec, params) {}
+  StepResult<float> forward(const TrainSample& s, const GateSettings& g) override { return step_.forward(s, g); }
+  void backward(float lm_weight, float omega_weight, float* dparams) override {
+    step_.backward(lm_weight, omega_weight, dparams);
+  }
+
+ private:
+  RouterStep<float> step_;
 };
 
 }  // namespace elastic::train

@@ -50,7 +50,7 @@ std::string format_step_line(const StepLog& s, int steps) {
 }
 
 Router train_router(const Model& m, const std::vector<TrainExample>& data_in, const TrainOptions& o,
-                    const std::function<void(const StepLog&)>& on_step) {
+                    const std::function<void(const StepLog&)>& on_step, const StepRunnerFactory& runner) {
   if (data_in.empty()) throw std::invalid_argument("train-router: no training samples");
   if (o.steps <= 0 || o.batch <= 0) throw std::invalid_argument("train-router: steps and batch must be positive");
   const ModelConfig& c = m.config;
@@ -118,7 +118,10 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
     log.lr = lr_at(o, step, o.lr);
     std::fill(grad_f.begin(), grad_f.end(), 0.f);
     std::vector<double> dlam(2 * K, 0.0), msr_sum(K, 0.0);
-    train::RouterStep<float> rs(m, router.spec, router.params.data());
+    std::unique_ptr<train::StepRunner> run =
+        runner ? runner(router.spec, router.params.data())
+               : std::make_unique<train::CpuStepRunner>(m, router.spec, router.params.data());
+    train::StepRunner& rs = *run;
     for (size_t i : batch) {
       const TrainExample& e = data[i];
       const int k = cls_of[i];

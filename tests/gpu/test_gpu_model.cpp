@@ -13,6 +13,7 @@
 #include "elastic/cuda.h"
 #include "elastic/cuda_ops.h"
 #include "elastic/gpu_model.h"
+#include "elastic/json_file.h"
 #include "elastic/model_shapes.h"
 #include "elastic/npy.h"
 #include "elastic/router.h"
@@ -181,7 +182,14 @@ TEST_P(GpuFixture, LogitsAndGreedyMatchTransformers) {
   ASSERT_TRUE(fs::exists(dir + "/logits.npy")) << "fixture missing: " << dir;
   Model m = Model::load(dir);
   const auto ids = read_npy_ids(dir + "/ids.npy");
-  const auto greedy = read_npy_ids(dir + "/greedy.npy");
+  // The oracle for greedy decoding is transformers' own argmax loop over full forwards (meta.json greedy_nocache):
+  // transformers 5's generate() with a cache does not always pick its own forward's argmax on these models
+  // (meta.json records greedy_matches_nocache_loop = false for qwen3_gpu).
+  std::vector<int32_t> greedy = read_npy_ids(dir + "/greedy.npy");
+  {
+    const auto meta = read_json_file(dir + "/meta.json", "fixture meta");
+    if (meta.contains("greedy_nocache")) greedy = meta["greedy_nocache"].get<std::vector<int32_t>>();
+  }
   std::vector<int64_t> shape;
   const auto ref = read_npy_f32(dir + "/logits.npy", &shape);
   cuda::GpuOptions o;
@@ -189,7 +197,9 @@ TEST_P(GpuFixture, LogitsAndGreedyMatchTransformers) {
   auto g = cuda::GpuModel::upload(m, o);
   std::vector<float> got;
   g->prefill(ids.data(), int(ids.size()), nullptr, nullptr, &got, true);
-  EXPECT_LT(rel_err(got, ref), kTol);
+  // Looser than kTol: these fixtures' weights are N(0, 0.2^2) (make_fixtures.py), so each projection scales
+  // activations up about sqrt(D) * 0.2 = 2.8x and bf16 rounding grows with them (measured 3.9% for llama_gpu).
+  EXPECT_LT(rel_err(got, ref), 6e-2);
   // Greedy decoding teacher-forced on transformers' tokens. These random tiny models have near-flat logits, so a
   // bf16 rounding can flip the argmax between two almost equal logits (exact-match greedy would then diverge for
   // the rest of the sequence); each step instead must rank the reference token first or within a small margin of

@@ -1,0 +1,30 @@
+// The GPU model as an eval SequenceBackend: `elastic eval --device cuda` runs every sample's prefill (routed by a
+// table or by the router, layer by layer) and its greedy decode steps on the device.
+#include <memory>
+
+#include "elastic/eval.h"
+#include "elastic/gpu_model.h"
+
+namespace elastic::cuda {
+namespace {
+
+class GpuSequenceBackend : public SequenceBackend {
+ public:
+  explicit GpuSequenceBackend(GpuModel& g) : g_(g) {}
+  void prefill(const std::vector<int32_t>& prompt, const RoutingTable* routing, const PromptRouter* router,
+               std::vector<float>& logits, RoutingTable& used) override {
+    g_.prefill(prompt.data(), static_cast<int>(prompt.size()), routing, router, &logits, false);
+    used = g_.routing();
+  }
+  void decode(int32_t id, std::vector<float>& logits) override { g_.decode(id, &logits); }
+  std::string name() const override { return "cuda"; }
+
+ private:
+  GpuModel& g_;
+};
+
+}  // namespace
+
+std::shared_ptr<SequenceBackend> gpu_sequence_backend(GpuModel& g) { return std::make_shared<GpuSequenceBackend>(g); }
+
+}  // namespace elastic::cuda
