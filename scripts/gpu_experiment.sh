@@ -4,7 +4,8 @@
 # eval suite on the GPU over full / all-SSA / static retrieval-head baselines / the trained router.
 # The model travels in parts (the device tool's 64 MiB limit per call): models/parts/q* -> models/<NAME>, checked.
 # Results: $OUT/experiment.tgz (probe heat map, training log and curves, router file, eval folder) + logs.
-# Env: LENGTHS (eval prompt lengths), SAMPLES, STEPS, BATCH, MAXLEN, LOCAL, SINK, LR, MLR, METHODS.
+# Env: LENGTHS (eval prompt lengths), SAMPLES, STEPS, BATCH, MAXLEN, LOCAL, SINK, LR, MLR, SEED, BUILTIN (built-in
+# training samples), METHODS, TASKS, SKIP_PROBE=1 (no static@ methods then), EVAL_TIMEOUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
@@ -26,17 +27,19 @@ SINK=${SINK:-64}
 LOCAL=${LOCAL:-256}
 LR=${LR:-2e-3}
 MLR=${MLR:-1e-2}
+SEED=${SEED:-1}
+BUILTIN=${BUILTIN:-800}
 METHODS=${METHODS:-full,ssa,static@0.5,static@0.7,static@0.9}
 TASKS=${TASKS:-niah_single_2,niah_multikey_1,qa_1,sum_recap,continue_text,code_continue}
 X=$O/exp
 mkdir -p "$X"
 T=$(nproc)
 set -x
-$C/elastic probe -m "$M" -c 1024 --depths 5 --needles 1 -o "$X/heads.json" -t "$T" 2>&1 | tail -n 3
+[ -n "${SKIP_PROBE:-}" ] || $C/elastic probe -m "$M" -c 1024 --depths 5 --needles 1 -o "$X/heads.json" -t "$T" 2>&1 | tail -n 3
 $C/elastic train-router -m "$M" --device cuda --steps "$STEPS" --batch "$BATCH" --max-len "$MAXLEN" \
-  --builtin-samples 800 --sink "$SINK" --local "$LOCAL" --block 64 --lr "$LR" --multiplier-lr "$MLR" --seed 1 \
+  --builtin-samples "$BUILTIN" --sink "$SINK" --local "$LOCAL" --block 64 --lr "$LR" --multiplier-lr "$MLR" --seed "$SEED" \
   -o "$X/router.safetensors" --log "$X/train.jsonl" -t "$T" 2>&1 | tee "$X/train.log" | grep -E "^step [0-9]*0/|plan|wrote|error" | tail -n 40
-$C/elastic eval -m "$M" --device cuda --tasks "$TASKS" --lengths "$LENGTHS" --samples "$SAMPLES" --methods "$METHODS" \
+timeout ${EVAL_TIMEOUT:-400} $C/elastic eval -m "$M" --device cuda --tasks "$TASKS" --lengths "$LENGTHS" --samples "$SAMPLES" --methods "$METHODS" \
   --scores "$X/heads.json" --router "$X/router.safetensors" --sink "$SINK" --local "$LOCAL" --block 64 \
   -o "$X/eval" -t "$T" 2>&1 | tr '\r' '\n' | tail -n 5
 set +x

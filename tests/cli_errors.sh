@@ -58,6 +58,11 @@ expect_fail "exceeds the model's 128-token context" $BIN eval -m $FX/qwen3_tiny 
 # The GPU backend refuses shapes its kernels do not run, and says when there is no device (CI has none).
 expect_fail "head_dim 32 is not supported" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --device cuda
 expect_fail "--device" $BIN bench --device tpu
+expect_fail "--device" $BIN train-router -m $FX/qwen3_tiny --device tpu
+expect_fail "head_dim 32 is not supported" $BIN train-router -m $FX/qwen3_tiny --device cuda --steps 1 --batch 1 \
+  --max-len 64 --builtin-samples 2 --sink 0 --local 32 --block 64 -o $TMP/r.safetensors --log $TMP/t.jsonl
+expect_fail "head_dim 32 is not supported" $BIN eval -m $FX/qwen3_tiny --device cuda --lengths 100 --samples 1 \
+  --methods full --tasks niah_single_2 -o $TMP/evg
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi >/dev/null 2>&1; then
   expect_fail "no CUDA device" $BIN bench --device cuda --shape qwen3-0.6b --layers 1 -c 128
 fi

@@ -94,6 +94,32 @@ TEST(TrainData, BuiltinMixHasBothKinds) {
   EXPECT_GT(robust, 0);
 }
 
+// With a chat format, built-in prompts are wrapped the way eval wraps them (the router must train on what it routes).
+TEST(TrainData, BuiltinMixAppliesTheChatFormat) {
+  const Tokenizer tok = Tokenizer::from_file(std::string(ELASTIC_SHARED_DIR) + "/qwen3-tokenizer/tokenizer.json");
+  const ChatFormat chat = [](const std::string& u) { return "<|im_start|>user\n" + u + "<|im_end|>\n<|im_start|>assistant\n"; };
+  const auto raw = builtin_train_mix(&tok, tok.vocab_size(), 6, 300, 5);
+  const auto wrapped = builtin_train_mix(&tok, tok.vocab_size(), 6, 300, 5, "", chat);
+  ASSERT_EQ(raw.size(), wrapped.size());
+  // Each sample is formatted as eval formats its task: retrieval and QA (and recap) prompts through the template,
+  // raw-continuation tasks stay raw in both.
+  int n_wrapped = 0;
+  for (size_t i = 0; i < wrapped.size(); ++i) {
+    const std::string text = tok.decode(wrapped[i].input_ids);
+    EXPECT_EQ(raw[i].task_class, wrapped[i].task_class);
+    EXPECT_NE(tok.decode(raw[i].input_ids).rfind("<|im_start|>", 0), 0u);
+    const bool is_wrapped = text.rfind("<|im_start|>user\n", 0) == 0;
+    if (is_wrapped) {
+      ++n_wrapped;
+      EXPECT_NE(text.find("<|im_start|>assistant\n"), std::string::npos) << wrapped[i].task_class;
+    } else {
+      EXPECT_EQ(wrapped[i].input_ids, raw[i].input_ids) << wrapped[i].task_class;
+    }
+    if (wrapped[i].task_class == "retrieval" || wrapped[i].task_class == "qa") EXPECT_TRUE(is_wrapped) << text.substr(0, 60);
+  }
+  EXPECT_GT(n_wrapped, 0);
+}
+
 TEST(TrainSchedule, TemperatureAndLearningRate) {
   TrainOptions o;
   o.steps = 101;

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli_common.h"
+#include "elastic/chat_template.h"
 #include "elastic/tokenizer.h"
 #include "elastic/train.h"
 #ifdef ELASTIC_HAVE_CUDA
@@ -23,7 +24,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
     std::vector<std::string> targets;  // class=value overrides
     int threads = 0, builtin_samples = 240, builtin_len = 0;
     TrainOptions to;
-    bool sigmoid = false;
+    bool sigmoid = false, no_chat = false;
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("train-router", "Train the router of a frozen model on task-labelled data");
@@ -42,6 +43,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--warmup", o->to.warmup, "Warmup fraction of the steps")->check(CLI::Range(0.0, 1.0));
   sub->add_option("--tau-schedule", o->to.tau_schedule, "Temperature schedule")->check(CLI::IsMember({"cosine", "exp"}));
   sub->add_option("--target", o->targets, "Target Omega of a task class, e.g. qa=0.7 (repeatable)");
+  sub->add_flag("--no-chat", o->no_chat, "Built-in mix: do not apply the model's chat template (eval applies it)");
   sub->add_flag("--sigmoid", o->sigmoid, "Gumbel-sigmoid gate (1 logit) instead of the 2-class softmax");
   sub->add_option("--sparse-mode", o->sparse_mode, "What sparse heads run")->check(CLI::IsMember({"ssa", "xattn"}));
   sub->add_option("--block", o->to.spec.sparse.block, "Sparse block size (64 or 128)");
@@ -77,23 +79,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       to.targets[kv.substr(0, eq)] = v;
     }
     Model m = Model::load(o->model);
-    std::unique_ptr<Tokenizer> tok;
-    if (has_tokenizer(o->model, o->tok))
-      tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
-    std::vector<TrainExample> data;
-    if (o->data.empty()) {
-      const int len = o->builtin_len > 0 ? o->builtin_len : std::max(16, to.max_len - 64);
-      std::fprintf(stderr, "train-router: built-in mix, %d samples of %d prompt tokens%s\n", o->builtin_samples, len,
-                   tok ? "" : " (random-id mode: the model has no tokenizer)");
-      data = builtin_train_mix(tok.get(), m.config.vocab, o->builtin_samples, len, to.seed, o->haystack);
-    }
-    for (const std::string& path : o->data) {
-      DataReport rep;
-      auto part = load_train_jsonl(path, tok.get(), to.targets, {}, &rep);
-      for (const std::string& p : rep.problems) std::fprintf(stderr, "warning: skipped %s\n", p.c_str());
-      std::fprintf(stderr, "train-router: %s: %d of %d lines used\n", path.c_str(), rep.used, rep.lines);
-      data.insert(data.end(), part.begin(), part.end());
-    }
+    // The device first: a missing GPU or an unsupported shape fails before data is built.
     StepRunnerFactory runner;  // empty: the CPU
 #ifdef ELASTIC_HAVE_CUDA
     std::unique_ptr<cuda::GpuModel> gpu;
@@ -108,6 +94,33 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
 #else
       throw std::runtime_error("train-router: this build has no CUDA backend (--device cuda)");
 #endif
+    }
+    std::unique_ptr<Tokenizer> tok;
+    if (has_tokenizer(o->model, o->tok))
+      tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
+    std::vector<TrainExample> data;
+    if (o->data.empty()) {
+      const int len = o->builtin_len > 0 ? o->builtin_len : std::max(16, to.max_len - 64);
+      std::fprintf(stderr, "train-router: built-in mix, %d samples of %d prompt tokens%s\n", o->builtin_samples, len,
+                   tok ? "" : " (random-id mode: the model has no tokenizer)");
+      // The router must see prompts as eval and serve format them: through the model's chat template.
+      ChatFormat chat;
+      if (tok && !o->no_chat) {
+        ChatTemplate ct = ChatTemplate::from_model_dir(o->model);
+        if (ct.family() != ChatFamily::None && ct.family() != ChatFamily::Unknown) {
+          chat = [ct](const std::string& user) { return ct.apply({{"user", user}}, true); };
+          std::fprintf(stderr, "train-router: chat template %s applied to the built-in mix (--no-chat to turn off)\n",
+                       chat_family_name(ct.family()));
+        }
+      }
+      data = builtin_train_mix(tok.get(), m.config.vocab, o->builtin_samples, len, to.seed, o->haystack, chat);
+    }
+    for (const std::string& path : o->data) {
+      DataReport rep;
+      auto part = load_train_jsonl(path, tok.get(), to.targets, {}, &rep);
+      for (const std::string& p : rep.problems) std::fprintf(stderr, "warning: skipped %s\n", p.c_str());
+      std::fprintf(stderr, "train-router: %s: %d of %d lines used\n", path.c_str(), rep.used, rep.lines);
+      data.insert(data.end(), part.begin(), part.end());
     }
     std::vector<StepLog> logs;
     Router r = train_router(

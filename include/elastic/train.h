@@ -11,6 +11,7 @@
 
 #include "elastic/model.h"
 #include "elastic/router.h"
+#include "elastic/tasks.h"
 #include "elastic/tokenizer.h"
 
 namespace elastic {
@@ -45,8 +46,10 @@ std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokeni
 
 // The built-in mix, from the eval task generators: sensitive (needle retrieval, multi-key retrieval, QA over
 // documents) and robust (summary recap, passage continuation, code continuation) samples of `tokens` prompt tokens.
+// chat: the model's chat format (as `elastic eval` applies it), so the router trains on the prompts it will route.
 std::vector<TrainExample> builtin_train_mix(const Tokenizer* tok, int32_t vocab, int n_samples, int tokens,
-                                            uint64_t seed, const std::string& haystack_file = "");
+                                            uint64_t seed, const std::string& haystack_file = "",
+                                            const ChatFormat& chat = {});
 
 // Fits input + output into max_len tokens: the answer stays whole (cut to max_len / 2 if longer), the input loses
 // tokens from its middle so both of its boundaries (what the router reads) stay.

@@ -83,7 +83,7 @@ std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokeni
 }
 
 std::vector<TrainExample> builtin_train_mix(const Tokenizer* tok, int32_t vocab, int n_samples, int tokens,
-                                            uint64_t seed, const std::string& haystack_file) {
+                                            uint64_t seed, const std::string& haystack_file, const ChatFormat& chat) {
   // Sensitive tasks need far-back retrieval; robust tasks are solved from local context.
   const std::vector<std::string> tasks = {"niah_single_2", "sum_recap", "niah_multikey_1", "continue_text", "qa_1",
                                           "code_continue"};
@@ -93,6 +93,7 @@ std::vector<TrainExample> builtin_train_mix(const Tokenizer* tok, int32_t vocab,
     spec.name = tasks[i % tasks.size()];
     spec.haystack_file = haystack_file;
     spec.vocab = vocab;
+    spec.chat = chat;
     TaskSample s = make_sample(spec, tok, tokens, seed * 1000003 + i);
     TrainExample e;
     e.task_class = s.task_class;
