@@ -63,8 +63,11 @@ expect_fail "head_dim 32 is not supported" $BIN train-router -m $FX/qwen3_tiny -
   --max-len 64 --builtin-samples 2 --sink 0 --local 32 --block 64 -o $TMP/r.safetensors --log $TMP/t.jsonl
 expect_fail "head_dim 32 is not supported" $BIN eval -m $FX/qwen3_tiny --device cuda --lengths 100 --samples 1 \
   --methods full --tasks niah_single_2 -o $TMP/evg
+expect_fail "--gpus needs --device cuda" $BIN train-router -m $FX/qwen3_tiny --gpus 2
+expect_fail "ELASTIC_RANK='x' is not a rank number" env ELASTIC_RANK=x $BIN train-router -m $FX/qwen3_tiny --gpus 2 --device cuda
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi >/dev/null 2>&1; then
   expect_fail "no CUDA device" $BIN bench --device cuda --shape qwen3-0.6b --layers 1 -c 128
+  expect_fail "--gpus 2 but this machine has 0 CUDA device(s)" $BIN train-router -m $FX/qwen3_tiny --gpus 2 --device cuda
 fi
 rm -rf $TMP
 [ $fails -eq 0 ] && echo "all CLI error cases passed"

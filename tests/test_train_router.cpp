@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "elastic/generate.h"
 #include "elastic/router.h"
@@ -319,4 +320,60 @@ TEST(TrainRouter, FindsTheKnownRouting) {
   }
   EXPECT_GE(qa_right, 8) << "router keeps head (0, 0) full on sensitive prompts";
   EXPECT_GE(code_omega, 0.9) << "router routes robust prompts sparse";
+}
+
+// Data-parallel training: N ranks (threads here; processes with NCCL under --gpus N) with the same global batch
+// train the same router as one rank, also when the batch does not split evenly.
+TEST(TrainRouterDataParallel, RanksEqualOneRankWithTheSameGlobalBatch) {
+  Model m = Model::load(std::string(ELASTIC_FIXTURE_DIR) + "/qwen3_tiny");
+  std::mt19937_64 rng(3);
+  std::vector<TrainExample> data;
+  for (int i = 0; i < 10; ++i) {
+    TrainExample e;
+    e.task_class = i % 2 ? "qa" : "code";
+    for (int t = 0; t < 150; ++t) e.input_ids.push_back(static_cast<int32_t>(rng() % m.config.vocab));
+    for (int t = 0; t < 5; ++t) e.output_ids.push_back(static_cast<int32_t>(rng() % m.config.vocab));
+    data.push_back(std::move(e));
+  }
+  TrainOptions o;
+  o.steps = 4;
+  o.batch = 4;
+  o.max_len = 128;
+  o.lr = 5e-3;
+  o.multiplier_lr = 3e-2;
+  o.seed = 9;
+  o.spec.pool_first = o.spec.pool_last = 16;
+  o.spec.sparse.block = 64;
+  o.spec.sparse.sink = 0;
+  o.spec.sparse.local = 64;
+  std::vector<StepLog> one;
+  const Router ref = train_router(m, data, o, [&](const StepLog& s) { one.push_back(s); });
+  for (int world : {2, 3}) {
+    auto group = make_thread_group(world);
+    std::vector<Router> out(world);
+    std::vector<std::vector<StepLog>> logs(world);
+    std::vector<std::thread> th;
+    for (int r = 0; r < world; ++r)
+      th.emplace_back([&, r] {
+        out[r] = train_router(m, data, o, [&, r](const StepLog& s) { logs[r].push_back(s); }, {}, group[r].get());
+      });
+    for (auto& t : th) t.join();
+    ASSERT_EQ(logs[0].size(), one.size()) << world;
+    for (int r = 1; r < world; ++r) EXPECT_TRUE(logs[r].empty()) << "only rank 0 logs";
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_NEAR(logs[0][i].lm, one[i].lm, 1e-5 * std::abs(one[i].lm)) << world << " ranks, step " << i + 1;
+      EXPECT_NEAR(logs[0][i].reg, one[i].reg, 1e-5 + 1e-5 * std::abs(one[i].reg));
+      for (auto& [cls, v] : one[i].msr) EXPECT_NEAR(logs[0][i].msr[cls], v, 1e-6) << cls;
+    }
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(out[r].params.size(), ref.params.size());
+      double num = 0, den = 0;
+      for (size_t j = 0; j < ref.params.size(); ++j) {
+        num += double(out[r].params[j] - ref.params[j]) * (out[r].params[j] - ref.params[j]);
+        den += double(ref.params[j]) * ref.params[j];
+      }
+      EXPECT_LT(std::sqrt(num / den), 1e-5) << world << " ranks, rank " << r;
+      EXPECT_EQ(out[r].params, out[0].params) << "every rank holds the same router";
+    }
+  }
 }

@@ -4,12 +4,15 @@
 #include <memory>
 
 #include "cli_common.h"
+#include "rank_launcher.h"
 #include "elastic/chat_template.h"
 #include "elastic/tokenizer.h"
 #include "elastic/train.h"
 #ifdef ELASTIC_HAVE_CUDA
 #include "elastic/gpu_model.h"
+#include "elastic/cuda.h"
 #include "elastic/gpu_train.h"
+#include "elastic/nccl_comm.h"
 #endif
 
 namespace fs = std::filesystem;
@@ -22,7 +25,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
         device = "cpu";
     std::vector<std::string> data;
     std::vector<std::string> targets;  // class=value overrides
-    int threads = 0, builtin_samples = 240, builtin_len = 0;
+    int threads = 0, builtin_samples = 240, builtin_len = 0, gpus = 1;
     TrainOptions to;
     bool sigmoid = false, no_chat = false;
   };
@@ -55,11 +58,38 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
   sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
   sub->add_option("--device", o->device, "cpu, or cuda (the bf16 GPU backbone; same data, schedule and logs)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--gpus", o->gpus,
+                  "Data parallel over N GPUs of this host: one process per GPU, gradients summed with NCCL "
+                  "(libnccl.so.2 loaded at run time); --batch is the global batch")
+      ->check(CLI::Range(1, 64));
   sub->add_option("-o,--output", o->out, "Router file (.safetensors)");
   sub->add_option("--log", o->log, "Per-step JSONL log");
   sub->add_option("--plots", o->plots, "Plot prefix (default: the log path without extension)");
   cmds.push_back({sub, [o] {
     set_threads(o->threads);
+    // --gpus N: this process either launches the N ranks and waits, or is one of them.
+    const RankEnv env = rank_env();
+    if (o->gpus > 1) {
+      if (o->device != "cuda") throw std::runtime_error("train-router: --gpus needs --device cuda");
+      if (env.rank < 0) {
+#ifdef ELASTIC_HAVE_CUDA
+        const int have = cuda::device_count();
+        if (have < o->gpus)
+          throw std::runtime_error("train-router: --gpus " + std::to_string(o->gpus) + " but this machine has " +
+                                   std::to_string(have) + " CUDA device(s)");
+#else
+        throw std::runtime_error("train-router: this build has no CUDA backend (--gpus)");
+#endif
+        std::fprintf(stderr, "train-router: launching %d ranks (one per GPU)\n", o->gpus);
+        launch_ranks(o->gpus);
+        std::fprintf(stderr, "train-router: all %d ranks finished; rank 0 wrote %s\n", o->gpus, o->out.c_str());
+        return;
+      }
+      if (env.world != o->gpus)
+        throw std::runtime_error("train-router: ELASTIC_WORLD " + std::to_string(env.world) + " differs from --gpus " +
+                                 std::to_string(o->gpus));
+    }
+    const int rank = o->gpus > 1 ? env.rank : 0;
     TrainOptions to = o->to;
     to.spec.pool_last = to.spec.pool_first;
     to.spec.sigmoid = o->sigmoid;
@@ -81,6 +111,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
     Model m = Model::load(o->model);
     // The device first: a missing GPU or an unsupported shape fails before data is built.
     StepRunnerFactory runner;  // empty: the CPU
+    std::unique_ptr<Communicator> comm;
 #ifdef ELASTIC_HAVE_CUDA
     std::unique_ptr<cuda::GpuModel> gpu;
 #endif
@@ -89,8 +120,10 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       cuda::GpuOptions go;
       go.max_ctx = 64;  // the inference buffers stay small: the trainer sizes its own for --max-len
       go.graphs = false;
+      go.device = rank;  // rank r trains on GPU r
       gpu = cuda::GpuModel::upload(m, go);
-      runner = cuda::gpu_step_runner_factory(*gpu, to.max_len);
+      runner = cuda::gpu_step_runner_factory(*gpu, to.max_len, rank == 0);
+      if (o->gpus > 1) comm = cuda::nccl_communicator(rank, o->gpus, env.rendezvous);
 #else
       throw std::runtime_error("train-router: this build has no CUDA backend (--device cuda)");
 #endif
@@ -129,7 +162,8 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
           logs.push_back(s);
           std::fprintf(stderr, "%s\n", format_step_line(s, to.steps).c_str());
         },
-        runner);
+        runner, comm.get());
+    if (rank != 0) return;  // rank 0 writes the router, the log and the plots
     r.save(o->out);
     const std::string prefix = o->plots.empty() ? fs::path(o->log).replace_extension("").string() : o->plots;
     write_training_plots(logs, prefix);

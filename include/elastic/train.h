@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "elastic/comm.h"
 #include "elastic/model.h"
 #include "elastic/router.h"
 #include "elastic/tasks.h"
@@ -81,8 +82,13 @@ double lr_at(const TrainOptions& o, int step, double base);
 
 // Trains a router for the frozen model; on_step sees every step's log (the CLI prints the line).
 // runner: where each step runs (empty: the CPU); the same data, schedule, losses and logs either way.
+// comm (data parallel; null = one rank): every rank draws the same batches and gate noise, runs the batch entries
+// i with i % size == rank, and the ranks sum gradients, multiplier gradients and log sums before the identical
+// update, so N ranks train the same router as one rank with the same global batch. Only rank 0 writes the log and
+// calls on_step.
 Router train_router(const Model& m, const std::vector<TrainExample>& data, const TrainOptions& o,
-                    const std::function<void(const StepLog&)>& on_step = {}, const StepRunnerFactory& runner = {});
+                    const std::function<void(const StepLog&)>& on_step = {}, const StepRunnerFactory& runner = {},
+                    Communicator* comm = nullptr);
 std::string format_step_line(const StepLog& s, int steps);
 
 // Writes the curves of a training log (lm loss, regularizer, Omega per class, tau) as SVG line charts:

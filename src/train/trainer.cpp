@@ -50,7 +50,9 @@ std::string format_step_line(const StepLog& s, int steps) {
 }
 
 Router train_router(const Model& m, const std::vector<TrainExample>& data_in, const TrainOptions& o,
-                    const std::function<void(const StepLog&)>& on_step, const StepRunnerFactory& runner) {
+                    const std::function<void(const StepLog&)>& on_step, const StepRunnerFactory& runner,
+                    Communicator* comm) {
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
   if (data_in.empty()) throw std::invalid_argument("train-router: no training samples");
   if (o.steps <= 0 || o.batch <= 0) throw std::invalid_argument("train-router: steps and batch must be positive");
   const ModelConfig& c = m.config;
@@ -84,7 +86,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
   opt_mult.beta1 = o.beta1, opt_mult.beta2 = o.beta2, opt_mult.maximize = true;
 
   std::ofstream jl;
-  if (!o.log_jsonl.empty()) {
+  if (!o.log_jsonl.empty() && rank == 0) {
     jl.open(o.log_jsonl, std::ios::trunc);
     if (!jl) throw std::runtime_error(o.log_jsonl + ": cannot write the training log");
   }
@@ -98,7 +100,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
   std::vector<float> grad_f(P);
   std::vector<double> grad(P), noise(nh);
   const auto t_start = std::chrono::steady_clock::now();
-  double tokens_done = 0;
+  double tokens_done = 0, tokens_reduced = 0;  // tokens_reduced: all ranks' tokens up to the last step
 
   for (int step = 0; step < o.steps; ++step) {
     std::vector<size_t> batch;
@@ -122,7 +124,8 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
         runner ? runner(router.spec, router.params.data())
                : std::make_unique<train::CpuStepRunner>(m, router.spec, router.params.data());
     train::StepRunner& rs = *run;
-    for (size_t i : batch) {
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const size_t i = batch[b];
       const TrainExample& e = data[i];
       const int k = cls_of[i];
       train::TrainSample s;
@@ -134,6 +137,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
         const double u = unif(rng);
         z = std::log(u) - std::log1p(-u);  // logistic = difference of two Gumbel draws
       }
+      if (static_cast<int>(b % world) != rank) continue;  // another rank's sample (its noise was drawn all the same)
       train::GateSettings g;
       g.tau = log.tau;
       g.hard = o.hard;
@@ -149,6 +153,24 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
       msr_sum[k] += omega / n_in_class[k];
       rs.backward(1.f / o.batch, static_cast<float>(w * (l1 + 2 * l2 * dev)), grad_f.data());
       tokens_done += s.ids.size();
+    }
+    if (world > 1) {
+      // One collective per step: gradients, multiplier gradients, per-class Omega sums, loss sums, tokens.
+      std::vector<float> buf(grad_f);
+      for (double v : dlam) buf.push_back(static_cast<float>(v));
+      for (double v : msr_sum) buf.push_back(static_cast<float>(v));
+      buf.push_back(static_cast<float>(log.lm));
+      buf.push_back(static_cast<float>(log.reg));
+      buf.push_back(static_cast<float>(tokens_done - tokens_reduced));
+      comm->all_reduce_sum(buf.data(), buf.size());
+      size_t at = 0;
+      for (size_t j = 0; j < P; ++j) grad_f[j] = buf[at++];
+      for (double& v : dlam) v = buf[at++];
+      for (double& v : msr_sum) v = buf[at++];
+      log.lm = buf[at++];
+      log.reg = buf[at++];
+      tokens_reduced += buf[at++];
+      tokens_done = tokens_reduced;
     }
     for (size_t j = 0; j < P; ++j) grad[j] = grad_f[j];
     train::clip_grad_norm(grad, o.clip);
@@ -171,7 +193,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
       for (auto& [cl, lv] : log.lambdas) j["lambda"][cl] = {lv.first, lv.second};
       jl << j.dump() << "\n" << std::flush;
     }
-    if (on_step) on_step(log);
+    if (on_step && rank == 0) on_step(log);
   }
   return router;
 }

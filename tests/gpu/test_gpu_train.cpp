@@ -7,12 +7,16 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "elastic/cuda.h"
 #include "elastic/gpu_model.h"
 #include "elastic/gpu_train.h"
+#include "elastic/nccl_comm.h"
 #include "elastic/train.h"
 #include "gpu_test_models.h"
 #include "router/router_mlp.h"
@@ -194,6 +198,32 @@ TEST(GpuTrainErrors, TooLongSampleAndBadShapes) {
   wrong.n_layers += 1;
   auto bad = factory(wrong, r.params.data());
   EXPECT_THROW(bad->forward(ok, g), std::invalid_argument);
+}
+
+}  // namespace
+
+namespace {
+
+// NCCL with one rank (what a one-GPU machine can run): the rendezvous file, the communicator and an all-reduce
+// that must return its input. Skips when libnccl.so.2 cannot be loaded (it is loaded at run time).
+TEST(GpuNccl, OneRankAllReduceIsIdentity) {
+  SKIP_WITHOUT_GPU();
+  const std::string id = ::testing::TempDir() + "/elastic_nccl_id_" + std::to_string(::getpid());
+  std::unique_ptr<Communicator> c;
+  try {
+    c = cuda::nccl_communicator(0, 1, id, 10);
+  } catch (const std::runtime_error& e) {
+    if (std::string(e.what()).find("cannot load libnccl") != std::string::npos) GTEST_SKIP() << e.what();
+    throw;
+  }
+  EXPECT_EQ(c->rank(), 0);
+  EXPECT_EQ(c->size(), 1);
+  std::vector<float> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i) * 0.5f - 3.f;
+  const auto want = v;
+  c->all_reduce_sum(v.data(), v.size());
+  EXPECT_EQ(v, want);
+  std::remove(id.c_str());
 }
 
 }  // namespace
