@@ -1,5 +1,7 @@
 #include "cli_common.h"
 
+#include "elastic/chat_template.h"
+
 #include "elastic/router.h"
 
 #include <omp.h>
@@ -70,6 +72,19 @@ void print_metrics(const RoutingTable& r, const AttentionStats& st) {
 
 void set_threads(int t) {
   if (t > 0) omp_set_num_threads(t);
+}
+
+std::function<std::string(const std::string&)> model_chat_format(const std::string& model, bool have_tokenizer,
+                                                                 bool no_chat, const char* who) {
+  if (!have_tokenizer || no_chat) return {};
+  ChatTemplate ct = ChatTemplate::from_model_dir(model);
+  if (ct.family() == ChatFamily::Unknown) {
+    std::fprintf(stderr, "%s: the model's chat template is not a known family: raw prompts\n", who);
+    return {};
+  }
+  if (ct.family() == ChatFamily::None) return {};
+  std::fprintf(stderr, "%s: chat template %s applied (--no-chat to turn off)\n", who, chat_family_name(ct.family()));
+  return [ct](const std::string& user) { return ct.apply({{"user", user}}, true); };
 }
 
 }  // namespace elastic::cli

@@ -40,6 +40,11 @@ void apply_routing(Model& m, const std::string& routing_file, const std::string&
 // --routing / --mode / --router (and --chunk, the prefill chunk size) on a subcommand.
 void add_routing_options(CLI::App* sub, std::string& routing, std::string& mode, std::string& router, int& chunk);
 void print_metrics(const RoutingTable& r, const AttentionStats& st);
+// The model's chat template as a prompt formatter (what eval applies to task prompts and train-router to its built-in
+// mix); empty when there is no tokenizer, --no-chat is given, or the template is not a known family. `who` prefixes
+// the note printed on stderr.
+std::function<std::string(const std::string&)> model_chat_format(const std::string& model, bool have_tokenizer,
+                                                                 bool no_chat, const char* who);
 void set_threads(int t);
 
 }  // namespace elastic::cli

@@ -6,7 +6,6 @@
 #include <sstream>
 
 #include "cli_common.h"
-#include "elastic/chat_template.h"
 #include "elastic/eval.h"
 #include "elastic/router.h"
 #include "elastic/tokenizer.h"
@@ -96,15 +95,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
     eo.prefill_chunk = o->chunk;
     // Instruct models answer in their chat format: the user prompt goes through the model's template when it has a
     // known one (the answer prefix then opens the assistant turn).
-    if (t && !o->no_chat) {
-      ChatTemplate ct = ChatTemplate::from_model_dir(o->model);
-      if (ct.family() != ChatFamily::None && ct.family() != ChatFamily::Unknown) {
-        eo.chat = [ct](const std::string& user) { return ct.apply({{"user", user}}, true); };
-        std::fprintf(stderr, "eval: chat template %s applied (--no-chat to turn off)\n", chat_family_name(ct.family()));
-      } else if (ct.family() == ChatFamily::Unknown) {
-        std::fprintf(stderr, "eval: the model's chat template is not a known family: raw prompts\n");
-      }
-    }
+    eo.chat = model_chat_format(o->model, t != nullptr, o->no_chat, "eval");
 
     // Tasks, lengths and folders are checked before any probing, so bad options fail at once.
     check_eval_options(m, t.get(), {method_uniform("full", HeadMode::Full)}, eo);

@@ -5,7 +5,6 @@
 
 #include "cli_common.h"
 #include "rank_launcher.h"
-#include "elastic/chat_template.h"
 #include "elastic/tokenizer.h"
 #include "elastic/train.h"
 #ifdef ELASTIC_HAVE_CUDA
@@ -137,15 +136,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       std::fprintf(stderr, "train-router: built-in mix, %d samples of %d prompt tokens%s\n", o->builtin_samples, len,
                    tok ? "" : " (random-id mode: the model has no tokenizer)");
       // The router must see prompts as eval and serve format them: through the model's chat template.
-      ChatFormat chat;
-      if (tok && !o->no_chat) {
-        ChatTemplate ct = ChatTemplate::from_model_dir(o->model);
-        if (ct.family() != ChatFamily::None && ct.family() != ChatFamily::Unknown) {
-          chat = [ct](const std::string& user) { return ct.apply({{"user", user}}, true); };
-          std::fprintf(stderr, "train-router: chat template %s applied to the built-in mix (--no-chat to turn off)\n",
-                       chat_family_name(ct.family()));
-        }
-      }
+      const ChatFormat chat = model_chat_format(o->model, tok != nullptr, o->no_chat, "train-router");
       data = builtin_train_mix(tok.get(), m.config.vocab, o->builtin_samples, len, to.seed, o->haystack, chat);
     }
     for (const std::string& path : o->data) {

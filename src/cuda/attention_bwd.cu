@@ -26,6 +26,7 @@
 #include <string>
 
 #include "elastic/cuda.h"
+#include "cuda/mma_sync.cuh"
 #include "elastic/cuda_attention_bwd.h"
 
 namespace elastic::cuda {
@@ -36,42 +37,6 @@ constexpr int kBM = 64;  // query rows per step
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-// D = A * B + D, m16n8k16, bf16 inputs, fp32 accumulate.
-__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// Byte offset of 16-byte chunk c of row r in a [rows, W] bf16 tile: chunks XOR-swizzled by r % 8 so ldmatrix (plain
-// or transposed) and the row-pair stores below are bank-conflict free.
-template <int W>
-__device__ __forceinline__ uint32_t swz(int r, int c) {
-  return static_cast<uint32_t>(r * W * 2 + ((c ^ (r & 7)) << 4));
-}
 
 // Swizzled chunk offset (bytes) of chunk c ^ x, for a compile-time even c and a per-thread x in [0, 8): the four
 // possible low parts are precomputed per thread (co[i] = ((2 i) ^ x) << 4), so every ldmatrix address in the
@@ -250,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   for (int it = 0; have; ++it) {
     const int b = it & 1;
-    cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();  // tile it landed; every warp is done with step it-1 (buffer b^1 and sDS are free)
     int nj = cj, nqb = cqb, nqt_ = cqt;
     const bool has_next = advance(nj, nqb, nqt_);
@@ -378,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     cj = nj, cqb = nqb, cqt = nqt_, have = has_next;
   }
-  cp_async_wait_all();
+  cp_async_wait<0>();
 
   // dK, dV of this CTA's keys: no other CTA touches them, so a plain read-add-write.
 #pragma unroll

@@ -15,39 +15,18 @@
 #include "elastic/attention.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
+#include "gpu_test_util.h"
 
 using namespace elastic;
 
 namespace {
 
-uint16_t to_bf16(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-constexpr uint16_t kNaNBf16 = 0x7fc0;
+using elastic::gpu_test::Dev;
+using elastic::gpu_test::to_bf16;
+using elastic::gpu_test::from_bf16;
+using elastic::gpu_test::kNaNBf16;
 
-template <class T>
-struct Dev {  // device buffer freed on scope exit
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) { ELASTIC_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T))); }
-  Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
-  ~Dev() { cudaFree(p); }
-  void up(const std::vector<T>& h) { ELASTIC_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> down() const {
-    std::vector<T> h(n);
-    ELASTIC_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
+
 
 std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float sd) {
   std::normal_distribution<float> N(0.f, sd);

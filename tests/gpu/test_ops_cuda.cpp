@@ -27,10 +27,13 @@
 
 #include "elastic/cuda.h"
 #include "elastic/cuda_ops.h"
+#include "gpu_test_util.h"
 
 namespace cu = elastic::cuda;
 
 namespace {
+
+using elastic::gpu_test::Dev;
 
 constexpr uint16_t kPoison = 0xffff;
 constexpr double kRel = 1e-2, kAbs = 1e-3;
@@ -50,30 +53,6 @@ constexpr size_t kGuard = 16;  // poisoned elements after an output that must st
 float fl(uint16_t b) { return cu::bf16_to_f32(b); }
 uint16_t bf(float f) { return cu::f32_to_bf16(f); }
 
-template <class T>
-struct Dev {  // device buffer, poisoned (all bytes 0xff) at allocation, freed on scope exit
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    ELASTIC_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
-    poison();
-  }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(p); }
-  void poison() { ELASTIC_CUDA_CHECK(cudaMemset(p, 0xff, std::max<size_t>(1, n) * sizeof(T))); }
-  void up(const std::vector<T>& h) {
-    if (h.size() > n) throw std::logic_error("Dev::up: host vector larger than the buffer");
-    ELASTIC_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> down(size_t off = 0, size_t cnt = SIZE_MAX) const {
-    cnt = std::min(cnt, n - off);
-    std::vector<T> h(cnt);
-    ELASTIC_CUDA_CHECK(cudaMemcpy(h.data(), p + off, cnt * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 struct Stream {  // a non-default stream, so the stream argument is exercised
   cudaStream_t s = nullptr;

@@ -29,10 +29,13 @@
 #include "elastic/cuda.h"
 #include "elastic/cuda_ops.h"
 #include "elastic/cuda_train_ops.h"
+#include "gpu_test_util.h"
 
 namespace cu = elastic::cuda;
 
 namespace {
+
+using elastic::gpu_test::Dev;
 
 #define SKIP_WITHOUT_GPU()            \
   if (cu::device_count() == 0) {      \
@@ -48,29 +51,6 @@ namespace {
 float fl(uint16_t b) { return cu::bf16_to_f32(b); }
 uint16_t bf(float f) { return cu::f32_to_bf16(f); }
 
-template <class T>
-struct Dev {  // device buffer, poisoned (all bytes 0xff: NaN as fp32 and as bf16) at allocation, freed on scope exit
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    ELASTIC_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
-    ELASTIC_CUDA_CHECK(cudaMemset(p, 0xff, std::max<size_t>(1, n) * sizeof(T)));
-    ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());  // the poison lands before any launch can write the buffer
-  }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(p); }
-  void up(const std::vector<T>& h) {
-    ELASTIC_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> down() const {
-    ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());  // all streams' work, whatever stream the launch used
-    std::vector<T> h(n);
-    ELASTIC_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 // A non-default stream, so the stream argument is exercised. Blocking (synchronizes with the legacy default stream),
 // so the synchronous uploads above are ordered before the launches.
