@@ -5,8 +5,10 @@
 #include <cmath>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "elastic/attention.h"
+#include "elastic/head_parallel.h"
 #include "elastic/model.h"
 
 using namespace elastic;
@@ -25,8 +27,10 @@ struct Case {
     for (auto* x : {&q, &k, &v})
       for (auto& e : *x) e = N(rng);
   }
-  std::vector<float> run(const std::vector<HeadMode>& modes, const SparseSettings& sp, int chunk,
-                         AttentionStats* st = nullptr) const {
+  // One prefill in chunks; `call` runs each chunk's AttentionArgs (default: attention_forward).
+  template <class Call>
+  std::vector<float> run_with(const std::vector<HeadMode>& modes, const SparseSettings& sp, int chunk,
+                              AttentionStats* st, const Call& call) const {
     std::vector<float> out(q.size());
     std::vector<HeadKV> kv(Hkv);
     for (int p0 = 0; p0 < T; p0 += chunk) {
@@ -51,9 +55,13 @@ struct Case {
       a.sparse = &sp;
       a.stats = st;
       a.track_esr = st != nullptr;
-      attention_forward(a);
+      call(a);
     }
     return out;
+  }
+  std::vector<float> run(const std::vector<HeadMode>& modes, const SparseSettings& sp, int chunk,
+                         AttentionStats* st = nullptr) const {
+    return run_with(modes, sp, chunk, st, [](const AttentionArgs& a) { attention_forward(a); });
   }
   // Dense double-precision attention with mask(h, i, j).
   template <class Mask>
@@ -238,3 +246,81 @@ TEST(Routing, FileRoundTripAndErrors) {
   EXPECT_NE(routing_error(R"({"layers": [)").find("malformed JSON"), std::string::npos);
   EXPECT_NE(routing_error(R"({"xattn":{"stride":7},"layers":[["full","full"],["full","full"]]})").find("stride"), std::string::npos);
 }
+
+namespace {
+
+// Head-parallel prefill: ranks (threads here) each compute their heads and sum outputs; every rank must hold exactly
+// (bit for bit: the other ranks add zeros) what one rank computes for all heads, chunked or not.
+TEST(HeadParallel, RanksTogetherEqualOneRankExactly) {
+  Case c(fresh_seed());
+  c.Hq = 8, c.Hkv = 4;
+  {
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> N(0.f, 1.f);
+    c.q.resize(size_t(c.T) * c.Hq * c.hd);
+    c.k.resize(size_t(c.Hkv) * c.T * c.hd);
+    c.v.resize(c.k.size());
+    for (auto* x : {&c.q, &c.k, &c.v})
+      for (auto& e : *x) e = N(rng);
+  }
+  SparseSettings sp;
+  sp.block = 64;
+  sp.sink = 64;
+  sp.local = 64;
+  RoutingTable r = RoutingTable::uniform(1, c.Hkv, HeadMode::Full);
+  r.mode = {HeadMode::Streaming, HeadMode::Full, HeadMode::XAttn, HeadMode::Streaming};
+  r.sparse = sp;
+  for (int chunk : {c.T, 128}) {
+    const auto want = c.run(r.mode, sp, chunk);
+    for (int world : {2, 3}) {
+      const HeadPlan plan = plan_head_parallel(r, c.T, world);
+      auto group = make_thread_group(world);
+      std::vector<std::vector<float>> got(world);
+      std::vector<std::thread> th;
+      for (int rk = 0; rk < world; ++rk)
+        th.emplace_back([&, rk] {
+          got[rk] = c.run_with(r.mode, sp, chunk, nullptr, [&](const AttentionArgs& a) {
+            attention_forward_head_parallel(a, plan, 0, *group[rk]);
+          });
+        });
+      for (auto& t : th) t.join();
+      for (int rk = 0; rk < world; ++rk) EXPECT_EQ(got[rk], want) << world << " ranks, rank " << rk << ", chunk " << chunk;
+    }
+  }
+}
+
+TEST(HeadParallel, PlanBalancesRoutedWork) {
+  SparseSettings sp;  // block 64, sink 128, local 2048
+  const int T = 65536;
+  const double full = head_prefill_pairs(HeadMode::Full, T, sp), ssa = head_prefill_pairs(HeadMode::Streaming, T, sp);
+  EXPECT_DOUBLE_EQ(full, double(T) * (T + 1) / 2);
+  EXPECT_GT(full / ssa, 10);  // a 2K window at 64K: far cheaper
+  EXPECT_LT(full / ssa, 20);
+  // 36 layers x 8 KV heads, Omega 0.7 at random: the plan keeps every rank near the mean.
+  std::mt19937 rng(7);
+  RoutingTable r = RoutingTable::uniform(36, 8, HeadMode::Streaming);
+  for (auto& m : r.mode) m = rng() % 10 < 3 ? HeadMode::Full : HeadMode::Streaming;
+  r.sparse = sp;
+  for (int world : {1, 2, 4, 8}) {
+    const HeadPlan p = plan_head_parallel(r, T, world);
+    double total = 0;
+    for (HeadMode m : r.mode) total += head_prefill_pairs(m, T, sp);
+    double sum = 0;
+    for (double l : p.load) sum += l;
+    EXPECT_DOUBLE_EQ(sum, total);
+    for (int o : p.owner) EXPECT_TRUE(o >= 0 && o < world);
+    // Greedy bound: no rank is more than one head's cost above the mean.
+    EXPECT_LE(*std::max_element(p.load.begin(), p.load.end()), total / world + full) << world;
+    EXPECT_LT(p.imbalance(), 1.05) << world << " ranks";
+  }
+  // By count, 4 ranks x 2 heads each would put up to 8 full heads' work on one rank of a layer; by cost it spreads.
+  RoutingTable skew = RoutingTable::uniform(1, 8, HeadMode::Streaming);
+  skew.mode[0] = skew.mode[1] = HeadMode::Full;
+  skew.sparse = sp;
+  const HeadPlan p = plan_head_parallel(skew, T, 2);
+  EXPECT_NE(p.owner[0], p.owner[1]) << "the two full heads go to different ranks";
+  EXPECT_THROW(plan_head_parallel(skew, T, 0), std::invalid_argument);
+  EXPECT_THROW(plan_head_parallel(skew, 0, 2), std::invalid_argument);
+}
+
+}  // namespace

@@ -86,6 +86,9 @@ struct AttentionArgs {
   bool track_esr = false;           // record per-head block skips into stats
   float* last_row_probs = nullptr;  // optional [Hq, pos0 + T]: softmax weights of the last query row (probing)
   bool prefill = true;              // false for decode steps: XAttention heads then attend densely
+  // Optional [Hkv]: compute only the KV heads (and their query heads) with a nonzero entry; the other heads' output
+  // rows are left untouched (head-parallel prefill: each rank computes its own heads).
+  const uint8_t* kv_heads = nullptr;
 };
 
 // Causal softmax attention with fp32 accumulation; dispatches per KV head on its mode.

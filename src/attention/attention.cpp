@@ -83,7 +83,7 @@ void attention_forward(const AttentionArgs& a) {
   std::vector<BlockMask> xmask(a.n_heads);
   if (a.prefill && a.pos0 % B == 0)
     for (int h = 0; h < a.n_heads; ++h)
-      if (a.modes[h / group] == HeadMode::XAttn) {
+      if (a.modes[h / group] == HeadMode::XAttn && (!a.kv_heads || a.kv_heads[h / group])) {
         XAttnParams xp = sp.xattn;
         xp.block = B;
         std::vector<float> qh(static_cast<size_t>(n_pos) * hd, 0.f);
@@ -106,6 +106,7 @@ void attention_forward(const AttentionArgs& a) {
 #pragma omp for schedule(dynamic, 4)
     for (int i = 0; i < total; ++i) {
       const int t = i / a.n_heads, h = i % a.n_heads, kvh = h / group, p = a.pos0 + t, qb = p / B;
+      if (a.kv_heads && !a.kv_heads[kvh]) continue;  // another rank's head
       const size_t off = (static_cast<size_t>(t) * a.n_heads + h) * hd;
       float* probs = (a.last_row_probs && t == a.T - 1) ? a.last_row_probs + static_cast<size_t>(h) * n_pos : nullptr;
       done += sparse_row(a.q + off, a.kv[kvh], p, hd, B, scale, [&](int kb) { return keeps(h, qb, kb); },
