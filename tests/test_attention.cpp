@@ -324,3 +324,31 @@ TEST(HeadParallel, PlanBalancesRoutedWork) {
 }
 
 }  // namespace
+
+namespace {
+
+// The analytic prefill figures a backend without counters reports (GPU eval) equal what attention_forward counts.
+TEST(Attention, RoutedPrefillStatsEqualCountedStats) {
+  Case c(fresh_seed());
+  SparseSettings sp;
+  sp.block = 64;
+  sp.sink = 64;
+  sp.local = 128;
+  for (const auto& modes : {std::vector<HeadMode>{HeadMode::Streaming, HeadMode::Full},
+                            std::vector<HeadMode>{HeadMode::Streaming, HeadMode::Streaming},
+                            std::vector<HeadMode>{HeadMode::Full, HeadMode::Full}}) {
+    AttentionStats counted;
+    c.run(modes, sp, c.T, &counted);
+    RoutingTable r = RoutingTable::uniform(1, c.Hkv, HeadMode::Full);
+    r.mode = modes;
+    r.sparse = sp;
+    const AttentionStats analytic = routed_prefill_stats(r, c.T);
+    EXPECT_NEAR(analytic.flops_ratio(), counted.flops_ratio(), 1e-12);
+    EXPECT_NEAR(analytic.esr(), counted.esr(), 1e-12);
+  }
+  RoutingTable x = RoutingTable::uniform(1, c.Hkv, HeadMode::XAttn);
+  EXPECT_TRUE(std::isnan(routed_prefill_stats(x, c.T).flops_ratio()));  // input-dependent: not claimed
+  EXPECT_TRUE(std::isnan(routed_prefill_stats(x, c.T).esr()));
+}
+
+}  // namespace

@@ -149,7 +149,8 @@ AttentionStats routed_prefill_stats(const RoutingTable& r, int T) {
   if (T <= 0 || L <= 0 || Hkv <= 0) return st;
   for (HeadMode m : r.mode)
     if (m == HeadMode::XAttn) {
-      st.pairs_done = st.pairs_full = NAN;
+      st.pairs_done = NAN;  // flops_ratio() and esr() come out NaN, not a made-up number
+      st.pairs_full = 1;
       st.blocks_skipped.assign(Hkv, NAN);
       st.blocks_causal.assign(Hkv, 1.0);
       return st;
