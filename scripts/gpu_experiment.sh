@@ -5,7 +5,10 @@
 # The model travels in parts (the device tool's 64 MiB limit per call): models/parts/q* -> models/<NAME>, checked.
 # Results: $OUT/experiment.tgz (probe heat map, training log and curves, router file, eval folder) + logs.
 # Env: LENGTHS (eval prompt lengths), SAMPLES, STEPS, BATCH, MAXLEN, LOCAL, SINK, LR, MLR, SEED, BUILTIN (built-in
-# training samples), METHODS, TASKS, SKIP_PROBE=1 (no static@ methods then), EVAL_TIMEOUT.
+# training samples), METHODS, TASKS, SKIP_PROBE=1 (no static@ methods then), EVAL_TIMEOUT, RESUME (a results.jsonl or
+# .jsonl.gz of an earlier eval with the same seed and options: its samples are kept and only the rest run; its
+# router rows only together with ROUTER),
+# ROUTER (an existing router file: no training).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
@@ -36,9 +39,18 @@ mkdir -p "$X"
 T=$(nproc)
 set -x
 [ -n "${SKIP_PROBE:-}" ] || $C/elastic probe -m "$M" -c 1024 --depths 5 --needles 1 -o "$X/heads.json" -t "$T" 2>&1 | tail -n 3
+if [ -n "${RESUME:-}" ]; then
+  mkdir -p "$X/eval"
+  case "$RESUME" in *.gz) gunzip -c "$RESUME" ;; *) cat "$RESUME" ;; esac > "$X/eval/resumed.jsonl"
+  # A router's rows are kept only when the same router is given (ROUTER); a newly trained one is evaluated afresh.
+  if [ -n "${ROUTER:-}" ]; then mv "$X/eval/resumed.jsonl" "$X/eval/results.jsonl"
+  else grep -v '"method":"router-' "$X/eval/resumed.jsonl" > "$X/eval/results.jsonl"; rm "$X/eval/resumed.jsonl"; fi
+fi
+if [ -n "${ROUTER:-}" ]; then cp "$ROUTER" "$X/router.safetensors"; else
 $C/elastic train-router -m "$M" --device cuda --steps "$STEPS" --batch "$BATCH" --max-len "$MAXLEN" \
   --builtin-samples "$BUILTIN" --sink "$SINK" --local "$LOCAL" --block 64 --lr "$LR" --multiplier-lr "$MLR" --seed "$SEED" \
   -o "$X/router.safetensors" --log "$X/train.jsonl" -t "$T" 2>&1 | tee "$X/train.log" | grep -E "^step [0-9]*0/|plan|wrote|error" | tail -n 40
+fi
 timeout ${EVAL_TIMEOUT:-400} $C/elastic eval -m "$M" --device cuda --tasks "$TASKS" --lengths "$LENGTHS" --samples "$SAMPLES" --methods "$METHODS" \
   --scores "$X/heads.json" --router "$X/router.safetensors" --sink "$SINK" --local "$LOCAL" --block 64 \
   -o "$X/eval" -t "$T" 2>&1 | tr '\r' '\n' | tail -n 5
