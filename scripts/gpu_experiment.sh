@@ -8,7 +8,7 @@
 # training samples), METHODS, TASKS, SKIP_PROBE=1 (no static@ methods then), EVAL_TIMEOUT, RESUME (a results.jsonl or
 # .jsonl.gz of an earlier eval with the same seed and options: its samples are kept and only the rest run; its
 # router rows only together with ROUTER),
-# ROUTER (an existing router file: no training).
+# ROUTER (an existing router file: no training), TRAIN_FLAGS (extra train-router flags, e.g. --no-chat).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
@@ -49,7 +49,7 @@ fi
 if [ -n "${ROUTER:-}" ]; then cp "$ROUTER" "$X/router.safetensors"; else
 $C/elastic train-router -m "$M" --device cuda --steps "$STEPS" --batch "$BATCH" --max-len "$MAXLEN" \
   --builtin-samples "$BUILTIN" --sink "$SINK" --local "$LOCAL" --block 64 --lr "$LR" --multiplier-lr "$MLR" --seed "$SEED" \
-  -o "$X/router.safetensors" --log "$X/train.jsonl" -t "$T" 2>&1 | tee "$X/train.log" | grep -E "^step [0-9]*0/|plan|wrote|error" | tail -n 40
+  -o "$X/router.safetensors" --log "$X/train.jsonl" -t "$T" ${TRAIN_FLAGS:-} 2>&1 | tee "$X/train.log" | grep -E "^step [0-9]*0/|plan|wrote|error" | tail -n 40
 fi
 timeout ${EVAL_TIMEOUT:-400} $C/elastic eval -m "$M" --device cuda --tasks "$TASKS" --lengths "$LENGTHS" --samples "$SAMPLES" --methods "$METHODS" \
   --scores "$X/heads.json" --router "$X/router.safetensors" --sink "$SINK" --local "$LOCAL" --block 64 \
