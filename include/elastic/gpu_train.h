@@ -18,7 +18,7 @@ namespace elastic::cuda {
 
 // The trainer's device memory for sequences of up to max_T tokens, in bytes (printed at start).
 struct GpuTrainPlan {
-  size_t weights = 0;       // the backbone (the GpuModel's, shared)
+  size_t weights = 0;       // the backbone (the GpuModel's, shared; filled from its plan, 0 in gpu_train_plan)
   size_t boundaries = 0;    // residual stream at every layer boundary, [L + 1, T, D] bf16
   size_t layer_acts = 0;    // one layer's recomputed activations (bf16) and its gradients (fp32)
   size_t head = 0;          // lm_head row chunk: fp32 logits, bf16 dlogits
@@ -27,7 +27,7 @@ struct GpuTrainPlan {
   std::string describe(int max_T) const;
 };
 
-// Bytes the trainer needs at max_T tokens (weights included) and the longest T that fits in `free_bytes`.
+// Bytes the trainer allocates at max_T tokens beyond the resident weights, and the longest T that fits `free_bytes`.
 GpuTrainPlan gpu_train_plan(const ModelConfig& c, int max_T, HeadMode sparse_mode);
 int gpu_train_max_tokens(const ModelConfig& c, size_t free_bytes, HeadMode sparse_mode);
 

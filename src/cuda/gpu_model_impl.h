@@ -5,6 +5,7 @@
 
 #include <array>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cuda/device_buffer.h"
@@ -13,6 +14,8 @@
 #include "elastic/gpu_model.h"
 
 namespace elastic::cuda {
+
+std::string gib(size_t bytes);  // "1.25 GiB", for the printed allocation plans
 
 struct GpuLayer {              // bf16, HF [out, in] layouts
   DeviceBuffer attn_norm;      // [D]

@@ -29,12 +29,6 @@ size_t bf16s(size_t n) { return n * 2; }
 size_t f32s(size_t n) { return n * 4; }
 constexpr int kHeadRows = 512;  // lm_head rows per chunk: [512, V] fp32 logits at a time
 
-std::string gib(size_t b) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f GiB", b / double(1ull << 30));
-  return s;
-}
-
 // Per-token bytes of one layer's recomputed activations and gradients (see the buffers below).
 size_t layer_bytes_per_token(const ModelConfig& c) {
   const size_t D = c.hidden, Q = size_t(c.n_heads) * c.head_dim, K = size_t(c.n_kv_heads) * c.head_dim,
@@ -58,10 +52,7 @@ std::string GpuTrainPlan::describe(int max_T) const {
 
 GpuTrainPlan gpu_train_plan(const ModelConfig& c, int max_T, HeadMode sparse_mode) {
   GpuTrainPlan p;
-  const size_t D = c.hidden, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim, F = c.intermediate, V = c.vocab;
-  const size_t N = (Hq + 2 * Hkv) * hd;
-  p.weights = bf16s(size_t(c.n_layers) * (2 * D + N * D + Hq * hd * D + 2 * F * D + D * F + 2 * hd) + V * D +
-                    (c.tie_embeddings ? 0 : V * D) + D);
+  const size_t D = c.hidden, Hq = c.n_heads, V = c.vocab;
   p.boundaries = bf16s(size_t(c.n_layers + 1) * max_T * D);
   p.layer_acts = layer_bytes_per_token(c) * max_T + size_t(attention_bwd_workspace_floats(max_T, c.n_heads, c.head_dim)) * 4;
   p.head = size_t(kHeadRows) * (f32s(V) + bf16s(V) + bf16s(D) + f32s(D));
@@ -74,10 +65,9 @@ GpuTrainPlan gpu_train_plan(const ModelConfig& c, int max_T, HeadMode sparse_mod
 
 int gpu_train_max_tokens(const ModelConfig& c, size_t free_bytes, HeadMode sparse_mode) {
   int lo = 0, hi = 1 << 21;
-  while (lo < hi) {  // largest T whose plan (weights excluded: they are already resident) fits
+  while (lo < hi) {  // largest T whose plan fits
     const int mid = (lo + hi + 1) / 2;
-    const GpuTrainPlan p = gpu_train_plan(c, mid, sparse_mode);
-    if (p.total() - p.weights <= free_bytes) lo = mid;
+    if (gpu_train_plan(c, mid, sparse_mode).total() <= free_bytes) lo = mid;
     else hi = mid - 1;
   }
   return lo;
@@ -89,10 +79,10 @@ class GpuRouterTrainer {
     const ModelConfig& c = m_.c;
     if (max_T <= 1) throw std::invalid_argument("gpu train: max_T must be at least 2");
     plan_ = gpu_train_plan(c, max_T, HeadMode::XAttn);
+    const size_t need = plan_.total();  // before the model's weights (already resident) are added for the report
     plan_.weights = m_.plan.weights;
     size_t free_b = 0, total_b = 0;
     ELASTIC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    const size_t need = plan_.total() - plan_.weights;
     if (verbose) {
       std::fprintf(stderr, "%s\n", plan_.describe(max_T).c_str());
       std::fprintf(stderr, "gpu train: %s free; the longest sequence that fits is %d tokens\n", gib(free_b).c_str(),

@@ -41,13 +41,13 @@ void check_shape(const ModelConfig& c) {
   if (c.n_heads / c.n_kv_heads > 16) throw std::invalid_argument("gpu: more than 16 query heads per KV head");
 }
 
+}  // namespace
+
 std::string gib(size_t b) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f GiB", b / double(1ull << 30));
   return s;
 }
-
-}  // namespace
 
 std::string GpuPlan::describe() const {
   std::ostringstream s;

@@ -100,7 +100,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
   std::vector<float> grad_f(P);
   std::vector<double> grad(P), noise(nh);
   const auto t_start = std::chrono::steady_clock::now();
-  double tokens_done = 0, tokens_reduced = 0;  // tokens_reduced: all ranks' tokens up to the last step
+  double tokens_done = 0;  // every rank's tokens so far
 
   for (int step = 0; step < o.steps; ++step) {
     std::vector<size_t> batch;
@@ -120,6 +120,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
     log.lr = lr_at(o, step, o.lr);
     std::fill(grad_f.begin(), grad_f.end(), 0.f);
     std::vector<double> dlam(2 * K, 0.0), msr_sum(K, 0.0);
+    double step_tokens = 0;  // this rank's, then (reduced) every rank's
     std::unique_ptr<train::StepRunner> run =
         runner ? runner(router.spec, router.params.data())
                : std::make_unique<train::CpuStepRunner>(m, router.spec, router.params.data());
@@ -152,7 +153,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
       log.lm += r.lm_loss / o.batch;
       msr_sum[k] += omega / n_in_class[k];
       rs.backward(1.f / o.batch, static_cast<float>(w * (l1 + 2 * l2 * dev)), grad_f.data());
-      tokens_done += s.ids.size();
+      step_tokens += s.ids.size();
     }
     if (world > 1) {
       // One collective per step: gradients, multiplier gradients, per-class Omega sums, loss sums, tokens.
@@ -161,7 +162,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
       for (double v : msr_sum) buf.push_back(static_cast<float>(v));
       buf.push_back(static_cast<float>(log.lm));
       buf.push_back(static_cast<float>(log.reg));
-      buf.push_back(static_cast<float>(tokens_done - tokens_reduced));
+      buf.push_back(static_cast<float>(step_tokens));
       comm->all_reduce_sum(buf.data(), buf.size());
       size_t at = 0;
       for (size_t j = 0; j < P; ++j) grad_f[j] = buf[at++];
@@ -169,9 +170,9 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
       for (double& v : msr_sum) v = buf[at++];
       log.lm = buf[at++];
       log.reg = buf[at++];
-      tokens_reduced += buf[at++];
-      tokens_done = tokens_reduced;
+      step_tokens = buf[at++];
     }
+    tokens_done += step_tokens;
     for (size_t j = 0; j < P; ++j) grad[j] = grad_f[j];
     train::clip_grad_norm(grad, o.clip);
     opt.step(router.params.data(), grad.data(), P, log.lr);

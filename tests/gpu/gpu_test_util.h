@@ -3,6 +3,7 @@
 // buffer that is poisoned at allocation (all bytes 0xff: NaN as fp32 and as bf16), so an element a kernel should
 // have written but did not shows up as NaN.
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -11,6 +12,10 @@
 #include <vector>
 
 #include "elastic/cuda.h"
+
+// At the top of a test body: GPU tests skip (not fail) on machines without a CUDA device, such as CI.
+#define SKIP_WITHOUT_GPU() \
+  if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 namespace elastic::gpu_test {
 

@@ -18,22 +18,14 @@
 
 #include "elastic/cuda.h"
 #include "elastic/cuda_gemm.h"
+#include "gpu_test_util.h"
 
 namespace {
 
-uint16_t f2bf(float f) {  // round to nearest even (inputs here are finite)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-float bf2f(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-constexpr uint16_t kNaNBf16 = 0x7fc0;
+// Independent host bf16 rounding (the library's own conversion is not the reference here).
+uint16_t f2bf(float f) { return elastic::gpu_test::to_bf16(f); }
+float bf2f(uint16_t b) { return elastic::gpu_test::from_bf16(b); }
+using elastic::gpu_test::kNaNBf16;
 
 template <class T>
 struct DevBuf {  // device buffer freed on scope exit

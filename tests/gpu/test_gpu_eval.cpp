@@ -10,13 +10,14 @@
 #include "elastic/eval.h"
 #include "elastic/gpu_model.h"
 #include "gpu_test_models.h"
+#include "gpu_test_util.h"
 
 using namespace elastic;
 
 namespace {
 
 TEST(GpuEval, SequenceBackendMatchesCpuSamples) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_GPU();
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Model m = gpu_test::make_model(false, seed);

@@ -18,6 +18,7 @@
 #include "elastic/npy.h"
 #include "elastic/router.h"
 #include "gpu_test_models.h"
+#include "gpu_test_util.h"
 
 using namespace elastic;
 namespace fs = std::filesystem;
@@ -26,9 +27,6 @@ using gpu_test::make_model;
 using gpu_test::round_bf16;
 
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 constexpr double kTol = 3e-2;
 

@@ -19,15 +19,13 @@
 #include "elastic/nccl_comm.h"
 #include "elastic/train.h"
 #include "gpu_test_models.h"
+#include "gpu_test_util.h"
 #include "router/router_mlp.h"
 #include "train/router_step.h"
 
 using namespace elastic;
 
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
   double num = 0, den = 0;

@@ -39,11 +39,6 @@ constexpr uint16_t kPoison = 0xffff;
 constexpr double kRel = 1e-2, kAbs = 1e-3;
 constexpr size_t kGuard = 16;  // poisoned elements after an output that must stay untouched
 
-#define SKIP_WITHOUT_GPU()           \
-  if (cu::device_count() == 0) {     \
-    GTEST_SKIP() << "no CUDA device"; \
-  }
-
 // A fresh seed per test, printed with any failure.
 #define SEEDED_RNG(rng)                                         \
   const unsigned rng##_seed = std::random_device{}();           \

@@ -37,11 +37,6 @@ namespace {
 
 using elastic::gpu_test::Dev;
 
-#define SKIP_WITHOUT_GPU()            \
-  if (cu::device_count() == 0) {      \
-    GTEST_SKIP() << "no CUDA device"; \
-  }
-
 // A fresh seed per test, printed with any failure.
 #define SEEDED_RNG(rng)                                      \
   const unsigned rng##_seed = std::random_device{}();        \
