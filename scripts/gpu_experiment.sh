@@ -8,7 +8,9 @@
 # training samples), METHODS, TASKS, SKIP_PROBE=1 (no static@ methods then), EVAL_TIMEOUT, RESUME (a results.jsonl or
 # .jsonl.gz of an earlier eval with the same seed and options: its samples are kept and only the rest run; its
 # router rows only together with ROUTER),
-# ROUTER (an existing router file: no training), TRAIN_FLAGS (extra train-router flags, e.g. --no-chat).
+# ROUTER (an existing router file: no training), TRAIN_FLAGS (extra train-router flags, e.g. --no-chat),
+# BUDGET (seconds for the whole script, default 570: the eval gets what is left, so the results always come back
+# within one 10-minute device call; an unfinished eval resumes with RESUME and ROUTER).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
@@ -51,7 +53,10 @@ $C/elastic train-router -m "$M" --device cuda --steps "$STEPS" --batch "$BATCH" 
   --builtin-samples "$BUILTIN" --sink "$SINK" --local "$LOCAL" --block 64 --lr "$LR" --multiplier-lr "$MLR" --seed "$SEED" \
   -o "$X/router.safetensors" --log "$X/train.jsonl" -t "$T" ${TRAIN_FLAGS:-} 2>&1 | tee "$X/train.log" | grep -E "^step [0-9]*0/|plan|wrote|error" | tail -n 40
 fi
-timeout ${EVAL_TIMEOUT:-400} $C/elastic eval -m "$M" --device cuda --tasks "$TASKS" --lengths "$LENGTHS" --samples "$SAMPLES" --methods "$METHODS" \
+LEFT=$(( ${BUDGET:-570} - SECONDS - 15 ))
+EVAL_TIMEOUT=${EVAL_TIMEOUT:-$LEFT}
+[ "$EVAL_TIMEOUT" -le "$LEFT" ] || EVAL_TIMEOUT=$LEFT
+timeout "$EVAL_TIMEOUT" $C/elastic eval -m "$M" --device cuda --tasks "$TASKS" --lengths "$LENGTHS" --samples "$SAMPLES" --methods "$METHODS" \
   --scores "$X/heads.json" --router "$X/router.safetensors" --sink "$SINK" --local "$LOCAL" --block 64 \
   -o "$X/eval" -t "$T" 2>&1 | tr '\r' '\n' | tail -n 5
 set +x

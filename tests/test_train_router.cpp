@@ -293,6 +293,9 @@ TEST(TrainRouter, FindsTheKnownRouting) {
   std::vector<StepLog> logs;
   Router r = train_router(m, data, o, [&](const StepLog& s) { logs.push_back(s); });
   ASSERT_EQ(logs.size(), 200u);
+  // A freshly initialised router's logits are near 0: most gates start open (in play for the gradient).
+  EXPECT_GT(logs.front().open, 0.5);
+  for (const StepLog& s : logs) ASSERT_TRUE(s.open >= 0.0 && s.open <= 1.0) << "step " << s.step;
   const std::string d = elastic::testing::temp_dir("train_router");
   write_training_plots(logs, d + "/curves");
   EXPECT_TRUE(std::ifstream(d + "/curves_sparsity.svg").good());

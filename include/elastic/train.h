@@ -73,6 +73,9 @@ struct TrainOptions {
 struct StepLog {
   int step = 0;
   double lm = 0, reg = 0, tau = 0, lr = 0, tok_per_s = 0, eta_s = 0;
+  // Share of the batch's gates whose FULL probability (noise included) lies in [0.05, 0.95]: the gates that still get
+  // a straight-through gradient. Near 0 means the router has saturated and its routing is frozen.
+  double open = 0;
   std::map<std::string, double> msr;                         // mean Omega per class in this batch
   std::map<std::string, std::pair<double, double>> lambdas;  // (l1, l2) per class
 };

@@ -37,7 +37,7 @@ double lr_at(const TrainOptions& o, int step, double base) {
 std::string format_step_line(const StepLog& s, int steps) {
   char buf[256];
   std::string line = "step " + std::to_string(s.step) + "/" + std::to_string(steps);
-  std::snprintf(buf, sizeof buf, " | lm %.3f | reg %.3f |", s.lm, s.reg);
+  std::snprintf(buf, sizeof buf, " | lm %.3f | reg %.3f | open %.2f |", s.lm, s.reg, s.open);
   line += buf;
   for (auto& [c, v] : s.msr) {
     std::snprintf(buf, sizeof buf, " msr[%s] %.2f", c.c_str(), v);
@@ -121,6 +121,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
     std::fill(grad_f.begin(), grad_f.end(), 0.f);
     std::vector<double> dlam(2 * K, 0.0), msr_sum(K, 0.0);
     double step_tokens = 0;  // this rank's, then (reduced) every rank's
+    double open_gates = 0;   // this rank's, then every rank's
     std::unique_ptr<train::StepRunner> run =
         runner ? runner(router.spec, router.params.data())
                : std::make_unique<train::CpuStepRunner>(m, router.spec, router.params.data());
@@ -152,6 +153,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
       dlam[2 * k + 1] += w * dev * dev;
       log.lm += r.lm_loss / o.batch;
       msr_sum[k] += omega / n_in_class[k];
+      for (float p : r.p_full) open_gates += p >= 0.05f && p <= 0.95f;
       rs.backward(1.f / o.batch, static_cast<float>(w * (l1 + 2 * l2 * dev)), grad_f.data());
       step_tokens += s.ids.size();
     }
@@ -163,6 +165,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
       buf.push_back(static_cast<float>(log.lm));
       buf.push_back(static_cast<float>(log.reg));
       buf.push_back(static_cast<float>(step_tokens));
+      buf.push_back(static_cast<float>(open_gates));
       comm->all_reduce_sum(buf.data(), buf.size());
       size_t at = 0;
       for (size_t j = 0; j < P; ++j) grad_f[j] = buf[at++];
@@ -171,7 +174,9 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
       log.lm = buf[at++];
       log.reg = buf[at++];
       step_tokens = buf[at++];
+      open_gates = buf[at++];
     }
+    log.open = open_gates / (static_cast<double>(o.batch) * nh);
     tokens_done += step_tokens;
     for (size_t j = 0; j < P; ++j) grad[j] = grad_f[j];
     train::clip_grad_norm(grad, o.clip);
@@ -189,7 +194,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
     }
     if (jl) {
       nlohmann::json j = {{"step", log.step}, {"lm", log.lm},   {"reg", log.reg},
-                          {"tau", log.tau},   {"lr", log.lr},   {"tok_per_s", log.tok_per_s},
+                          {"tau", log.tau},   {"lr", log.lr},   {"tok_per_s", log.tok_per_s}, {"open", log.open},
                           {"msr", log.msr},   {"eta_s", log.eta_s}};
       for (auto& [cl, lv] : log.lambdas) j["lambda"][cl] = {lv.first, lv.second};
       jl << j.dump() << "\n" << std::flush;
@@ -202,7 +207,10 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
 void write_training_plots(const std::vector<StepLog>& logs, const std::string& prefix) {
   PlotSeries lm{"lm loss", {}, {}}, reg{"regularizer", {}, {}}, tau{"tau", {}, {}};
   std::map<std::string, PlotSeries> msr;
+  PlotSeries open{"open gates", {}, {}};
   for (const StepLog& s : logs) {
+    open.x.push_back(s.step);
+    open.y.push_back(s.open);
     lm.x.push_back(s.step);
     lm.y.push_back(s.lm);
     reg.x.push_back(s.step);
@@ -219,7 +227,8 @@ void write_training_plots(const std::vector<StepLog>& logs, const std::string& p
   write_line_chart_svg(prefix + "_loss.svg", "Router training: loss", "step", "value", {lm, reg, tau});
   std::vector<PlotSeries> ms;
   for (auto& [c, p] : msr) ms.push_back(p);
-  write_line_chart_svg(prefix + "_sparsity.svg", "Router training: model sparsity per task class", "step",
+  ms.push_back(open);  // share of gates still in play: saturation shows as this curve falling to 0
+  write_line_chart_svg(prefix + "_sparsity.svg", "Router training: model sparsity per task class, open gates", "step",
                        "Omega_MSR", ms);
 }
 
