@@ -326,3 +326,23 @@ TEST(EvalPlots, ParetoFrontAndShapes) {
   EXPECT_THROW(write_scatter_svg("/nonexistent/dir/x.svg", "t", "x", "y", p), std::runtime_error);
   fs::remove(path);
 }
+
+// ESR and FLOPs are the prompt's prefill figures on every path: the CPU's counted blocks (decode steps not counted)
+// equal what routed_prefill_stats derives from the routing, which is what a SequenceBackend (the GPU) reports.
+TEST_F(EvalRun, SampleFiguresAreThePromptsPrefill) {
+  const Model& m = tiny();
+  RoutingTable r = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
+  r.sparse = tiny_window();
+  for (size_t i = 0; i < r.mode.size(); i += 2) r.mode[i] = HeadMode::Streaming;
+  for (const char* task : {"niah_single_1", "continue_text"}) {
+    TaskSpec spec;
+    spec.name = task;
+    spec.vocab = m.config.vocab;
+    const TaskSample s = make_sample(spec, nullptr, 96, 7);
+    const SampleResult got = run_sample(m, nullptr, s, &r);
+    const AttentionStats want = routed_prefill_stats(r, 96);
+    EXPECT_NEAR(got.flops, want.flops_ratio(), 1e-12) << task;
+    EXPECT_NEAR(got.esr, want.esr(), 1e-12) << task;
+    EXPECT_GT(got.esr, 0.0) << task;
+  }
+}

@@ -39,7 +39,7 @@ LikelihoodScore likelihood_from_logits(const float* logits, int V, const std::ve
 // Prefills prompt (last logits), then prefills ref[0..n-2] with all_logits, so every reference token gets its
 // predicted distribution; the cache is built for `routing` (hybrid when it has streaming heads). routing == nullptr:
 // the model's router (m.router) routes the prompt during its prefill. routed_out (optional) receives the routing used.
-// stats (optional) accumulates attention work of both calls. Throws when prompt + ref exceeds the model context.
+// stats (optional) accumulates the prompt prefill's attention work (not the reference rows'). Throws when prompt + ref exceeds the model context.
 LikelihoodScore reference_likelihood(const Model& m, const std::vector<int32_t>& prompt,
                                      const std::vector<int32_t>& ref, const RoutingTable* routing,
                                      AttentionStats* stats = nullptr, int prefill_chunk = 16384,

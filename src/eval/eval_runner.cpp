@@ -263,7 +263,7 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
       out.prediction_ids.push_back(id);
       if (i + 1 == n_new) break;
       if (backend) backend->decode(id, logits);
-      else m.forward(&id, 1, cache, logits, false, &st, nullptr, false, &used);
+      else m.forward(&id, 1, cache, logits, false, nullptr, nullptr, false, &used);  // figures: the prompt's only
     }
     const auto t2 = clock::now();
     out.prefill_s = std::chrono::duration<double>(t1 - t0).count();
@@ -279,7 +279,9 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
     }
   }
   out.wall_s = std::chrono::duration<double>(clock::now() - t0).count();
-  if (backend) st = routed_prefill_stats(used, T);  // the prompt's attention work, from the routing
+  // ESR and FLOPs describe the prompt's prefill on both paths (decode steps are not counted): the CPU counts the
+  // blocks it computed, a backend reports them from the routing.
+  if (backend) st = routed_prefill_stats(used, T);
   out.n_layers = used.n_layers;
   out.n_kv_heads = used.n_kv_heads;
   for (HeadMode md : used.mode) out.modes += mode_char(md);

@@ -130,7 +130,8 @@ LikelihoodScore reference_likelihood(const Model& m, const std::vector<int32_t>&
   const RoutingTable used = routing ? *routing : cache.routing;
   std::vector<float> all(last.begin(), last.end());  // row 0 predicts ref[0]
   if (ref.size() > 1) {
-    m.prefill(ref.data(), static_cast<int>(ref.size()) - 1, prefill_chunk, cache, rows, true, stats, &used);
+    // stats stay the prompt's: the reference rows are how the score is read, not part of the input's attention work.
+    m.prefill(ref.data(), static_cast<int>(ref.size()) - 1, prefill_chunk, cache, rows, true, nullptr, &used);
     all.insert(all.end(), rows.begin(), rows.end());
   }
   if (all.size() != ref.size() * static_cast<size_t>(V)) throw std::runtime_error("likelihood: unexpected logits shape");
