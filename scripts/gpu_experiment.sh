@@ -8,7 +8,7 @@
 # training samples), METHODS, TASKS, SKIP_PROBE=1 (no static@ methods then), EVAL_TIMEOUT, RESUME (a results.jsonl or
 # .jsonl.gz of an earlier eval with the same seed and options: its samples are kept and only the rest run; its
 # router rows only together with ROUTER),
-# ROUTER (an existing router file: no training), TRAIN_FLAGS (extra train-router flags, e.g. --no-chat),
+# ROUTER (an existing router file: no training), SCORES (an existing probe heads.json: no probe), TRAIN_FLAGS (extra train-router flags, e.g. --no-chat),
 # BUDGET (seconds for the whole script, default 570: the eval gets what is left, so the results always come back
 # within one 10-minute device call; an unfinished eval resumes with RESUME and ROUTER).
 set -uo pipefail
@@ -40,7 +40,9 @@ X=$O/exp
 mkdir -p "$X"
 T=$(nproc)
 set -x
+if [ -n "${SCORES:-}" ]; then cp "$SCORES" "$X/heads.json"; else
 [ -n "${SKIP_PROBE:-}" ] || $C/elastic probe -m "$M" -c 1024 --depths 5 --needles 1 -o "$X/heads.json" -t "$T" 2>&1 | tail -n 3
+fi
 if [ -n "${RESUME:-}" ]; then
   mkdir -p "$X/eval"
   case "$RESUME" in *.gz) gunzip -c "$RESUME" ;; *) cat "$RESUME" ;; esac > "$X/eval/resumed.jsonl"

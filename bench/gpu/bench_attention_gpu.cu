@@ -3,7 +3,9 @@
 // bf16), one launch per layer. Hybrid rows time a stack of 5 layers whose random routings have exactly
 // round(Omega * 40) of their 40 KV heads on streaming attention, and report the time per layer.
 // TFLOP/s are counted two ways: on the (query, key) pairs actually computed (64x64 tiles, diagonal tiles half) and
-// on the dense causal count 4 * hd * Hq * T(T+1)/2. Usage: bench_attention_gpu [T ...] (default 8K..128K).
+// on the dense causal count 4 * hd * Hq * T(T+1)/2. Then the decode kernel: one query token per head against
+// all-full caches (T positions) and all-streaming ring caches (sink + window), time per layer and the K/V bytes it
+// reads per second. Usage: bench_attention_gpu [--decode] [T ...] (default 8K..128K; --decode: the decode table only).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -86,14 +88,77 @@ double pairs_head(const KVHeadMeta& m, int T, int B, const std::vector<int32_t>*
   return p;
 }
 
+
+// Decode attention for one layer of the Qwen3-4B shape: every KV head full (a T-slot cache) or every KV head streaming
+// (sink + ring slots, the ring wrapped as after T positions). Reports microseconds per layer and K/V GB/s read.
+void decode_table(const std::vector<int>& lengths, Timer& timer) {
+  const int Hq = 32, Hkv = 8, hd = 128, B = 64, sink = 128, local = 2048;
+  std::printf("\n| T | decode heads | kept positions / head | us/layer | K+V read GB/s |\n|---|---|---|---|---|\n");
+  for (const int T : lengths) {
+    const size_t per_head = size_t(T) * hd;
+    uint16_t *kc, *vc, *q, *out;
+    ELASTIC_CUDA_CHECK(cudaMalloc(&kc, per_head * Hkv * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&vc, per_head * Hkv * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&q, size_t(Hq) * hd * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&out, size_t(Hq) * hd * 2));
+    fill_random_bf16<<<1024, 256>>>(kc, per_head * Hkv, 4u, 1.f);
+    fill_random_bf16<<<1024, 256>>>(vc, per_head * Hkv, 5u, 1.f);
+    fill_random_bf16<<<64, 256>>>(q, size_t(Hq) * hd, 6u, 1.f);
+    float* ws;
+    ELASTIC_CUDA_CHECK(cudaMalloc(&ws, decode_workspace_floats(Hq, hd, T) * 4));
+    for (const int mode : {0, 1}) {
+      const KVHeadMeta m = make_kv_head_meta(mode, sink, local, B);
+      std::vector<DecodeKVHead> hh(Hkv);
+      int kept = T;
+      for (int h = 0; h < Hkv; ++h) {
+        hh[h].k = kc + per_head * h, hh[h].v = vc + per_head * h;
+        hh[h].mode = m.mode, hh[h].sink_blocks = m.sink_blocks, hh[h].local_blocks = m.local_blocks;
+        if (mode == 1 && (m.sink_blocks + m.local_blocks) * B < T) {
+          hh[h].sink_slots = m.sink_blocks * B, hh[h].ring_slots = m.local_blocks * B;
+          const int qb = (T - 1) / B, s2 = std::max(m.sink_blocks, qb - m.local_blocks + 1) * B;
+          kept = std::min(m.sink_blocks * B, T) + std::max(0, T - s2);
+        }
+      }
+      validate_decode_heads(hh.data(), Hkv, B);
+      DecodeKVHead* dh;
+      ELASTIC_CUDA_CHECK(cudaMalloc(&dh, Hkv * sizeof(DecodeKVHead)));
+      ELASTIC_CUDA_CHECK(cudaMemcpy(dh, hh.data(), Hkv * sizeof(DecodeKVHead), cudaMemcpyHostToDevice));
+      DecodeParams p;
+      p.q = q, p.out = out, p.heads = dh, p.n_pos = T, p.n_heads = Hq, p.n_kv_heads = Hkv, p.head_dim = hd;
+      p.block = B, p.workspace = ws;
+      const double ms = timer.median_ms([&] { decode_attention(p, nullptr); }, 50);
+      const double bytes = 2.0 * kept * hd * 2 * Hkv;
+      std::printf("| %d | %s | %d | %.1f | %.0f |\n", T, mode ? "all streaming" : "all full", kept, ms * 1e3,
+                  bytes / (ms * 1e-3) * 1e-9);
+      std::fflush(stdout);
+      ELASTIC_CUDA_CHECK(cudaFree(dh));
+    }
+    ELASTIC_CUDA_CHECK(cudaFree(kc));
+    ELASTIC_CUDA_CHECK(cudaFree(vc));
+    ELASTIC_CUDA_CHECK(cudaFree(q));
+    ELASTIC_CUDA_CHECK(cudaFree(out));
+    ELASTIC_CUDA_CHECK(cudaFree(ws));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> lengths;
-  for (int i = 1; i < argc; ++i) lengths.push_back(std::atoi(argv[i]));
+  bool decode_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--decode") decode_only = true;
+    else lengths.push_back(std::atoi(argv[i]));
+  }
   if (lengths.empty()) lengths = {8192, 16384, 32768, 65536, 131072};
+  if (decode_only) {
+    Timer timer;
+    decode_table(lengths, timer);
+    return 0;
+  }
   const int Hq = 32, Hkv = 8, hd = 128, B = 64, sink = 128, local = 2048, L = 5;
-  const int xattn_max_T = 32768;  // the CUDA-core estimator is slow beyond this (see docs/CUDA_ATTENTION.md)
+  const int xattn_max_T = 131072;      // the tensor-core estimator (default) fits up to 128K at block 64
+  const int simple_est_max_T = 32768;  // the fp32 CUDA-core estimator is slow beyond this
   cudaDeviceProp prop{};
   ELASTIC_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("GPU %s, %d SMs. Qwen3-4B attention: Hq=%d Hkv=%d hd=%d causal bf16, block %d, sink %d, local %d, "
@@ -189,6 +254,11 @@ int main(int argc, char** argv) {
       XAttnEstimateParams e;
       e.q = q, e.k = k, e.T = T, e.n_heads = Hq, e.n_kv_heads = Hkv, e.head_dim = hd, e.block = B, e.stride = 16;
       e.tau = 0.9f, e.meta = d, e.blocks = blocks, e.offsets = off, e.counts = cnt;
+      if (T <= simple_est_max_T) {  // the fp32 CUDA-core estimator, for comparison
+        XAttnEstimateParams es = e;
+        es.kernel = XAttnEstimateKernel::Simple;
+        row("xattn estimate (GPU, fp32 CUDA cores)", 1.0, timer.median_ms([&] { xattn_estimate_cuda(es, nullptr); }, reps), 0.0);
+      }
       const double t_est = timer.median_ms([&] { xattn_estimate_cuda(e, nullptr); }, reps);
       auto p = base(d);
       p.xattn = {blocks, off, cnt};
@@ -200,7 +270,7 @@ int main(int argc, char** argv) {
       double pr = 0;
       for (int h = 0; h < Hq; ++h) pr += pairs_head(mx, T, B, &hc, &hb, &ho, h, nb);
       row("xattn (forward only)", 1.0, t, pr);
-      row("xattn estimate (GPU)", 1.0, t_est, 0.0);
+      row("xattn estimate (GPU, tensor cores)", 1.0, t_est, 0.0);
       row("xattn estimate + forward", 1.0, t_est + t, pr);
       ELASTIC_CUDA_CHECK(cudaFree(blocks));
       ELASTIC_CUDA_CHECK(cudaFree(off));
@@ -235,5 +305,6 @@ int main(int argc, char** argv) {
     ELASTIC_CUDA_CHECK(cudaFree(out));
     ELASTIC_CUDA_CHECK(cudaFree(lse));
   }
+  decode_table(lengths, timer);
   return 0;
 }

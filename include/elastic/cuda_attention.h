@@ -59,6 +59,9 @@ KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block);
 // qb*(qb+1)/2 (so `blocks` needs Hq*nb*(nb+1)/2 ints), counts for qb >= pos0/block (earlier rows get count 0).
 // Only query heads whose KV head mode is XAttn are estimated (others get count 0). Optionally returns the block
 // scores (probability mass per block, [Hq, nb, nb] fp32, rows < pos0/block untouched) for testing.
+// Auto: the tensor-core kernel where it fits ((Hq / Hkv) * block / stride <= 16 and its shared memory), else the
+// fp32 CUDA-core kernel. TensorCore / Simple force one (TensorCore throws where it does not fit).
+enum class XAttnEstimateKernel { Auto, TensorCore, Simple };
 struct XAttnEstimateParams {
   const uint16_t* q = nullptr;  // [T, Hq, hd] bf16
   const uint16_t* k = nullptr;  // [pos0 + T, Hkv, hd] bf16
@@ -70,6 +73,7 @@ struct XAttnEstimateParams {
   int32_t* offsets = nullptr;        // [Hq * nb]
   int32_t* counts = nullptr;         // [Hq * nb]
   float* block_scores = nullptr;     // optional [Hq, nb, nb]
+  XAttnEstimateKernel kernel = XAttnEstimateKernel::Auto;
 };
 void xattn_estimate_cuda(const XAttnEstimateParams& p, cudaStream_t stream);
 inline int64_t xattn_list_capacity(int n_heads, int nb) { return int64_t(n_heads) * nb * (nb + 1) / 2; }

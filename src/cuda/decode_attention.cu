@@ -70,31 +70,44 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float sq[kMaxGroup][HD];
   __shared__ float sp[kMaxGroup][kChunk];
   __shared__ float sm[kMaxGroup], sl[kMaxGroup];
+  // Cache slot of each kept position, once per CTA: a streaming head's ring mapping costs an integer modulo, and
+  // with it inside the loops below the loads could not be issued ahead (the loops were latency-bound, and a routed
+  // sequence decoded slower than an all-full one).
+  __shared__ int sslot[kChunk];
   for (int idx = tid; idx < G * HD; idx += kThreads)
     sq[idx / HD][idx % HD] = __bfloat162float(q[static_cast<size_t>(kvh * G + idx / HD) * HD + idx % HD]);
+  for (int i = tid; i < n; i += kThreads) sslot[i] = cache_slot(hk, kp.at(i0 + i));
   __syncthreads();
 
-  constexpr int kPer = HD / 32;
-  for (int i = warp; i < n; i += kThreads / 32) {
-    const int slot = cache_slot(hk, kp.at(i0 + i));
-    const __nv_bfloat16* kr = reinterpret_cast<const __nv_bfloat16*>(hk.k) + static_cast<size_t>(slot) * HD + lane * kPer;
-    float kv[kPer];
+  // Scores: a warp takes kU consecutive positions and loads all their key rows before the dot products, so kU row
+  // loads are in flight per warp.
+  constexpr int kPer = HD / 32, kU = 4, kWarps = kThreads / 32;
+  const __nv_bfloat16* kbase = reinterpret_cast<const __nv_bfloat16*>(hk.k) + lane * kPer;
+  for (int i = warp * kU; i < n; i += kWarps * kU) {
+    float kv[kU][kPer];
 #pragma unroll
-    for (int e = 0; e < kPer; e += 2) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kr + e));
-      kv[e] = f.x, kv[e + 1] = f.y;
+    for (int u = 0; u < kU; ++u) {
+      const __nv_bfloat16* kr = kbase + static_cast<size_t>(sslot[min(i + u, n - 1)]) * HD;  // tail: a valid row
+#pragma unroll
+      for (int e = 0; e < kPer; e += 2) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kr + e));
+        kv[u][e] = f.x, kv[u][e + 1] = f.y;
+      }
     }
     for (int g = 0; g < G; ++g) {
-      float a = 0.f;
 #pragma unroll
-      for (int e = 0; e < kPer; ++e) a += sq[g][lane * kPer + e] * kv[e];
+      for (int u = 0; u < kU; ++u) {
+        float a = 0.f;
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (lane == 0) sp[g][i] = a * scale;
+        for (int e = 0; e < kPer; ++e) a += sq[g][lane * kPer + e] * kv[u][e];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == 0 && i + u < n) sp[g][i + u] = a * scale;
+      }
     }
   }
   __syncthreads();
-  for (int g = warp; g < G; g += kThreads / 32) {
+  for (int g = warp; g < G; g += kWarps) {
     float mx = -INFINITY;
     for (int i = lane; i < n; i += 32) mx = fmaxf(mx, sp[g][i]);
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -108,22 +121,51 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) sm[g] = mx, sl[g] = sum;
   }
   __syncthreads();
-  // O partial: thread d accumulates all group heads over this chunk's values.
-  for (int d = tid; d < HD; d += kThreads) {
-    float acc[kMaxGroup];
+  // O partial: thread (part, d) accumulates dimension d of all group heads over every kParts-th position (kParts = 2
+  // for head_dim 64, so no thread idles), kV value loads in flight; the parts are summed through shared memory.
+  constexpr int kParts = kThreads / HD, kV = 8;
+  static_assert(kParts >= 1 && kThreads % HD == 0, "threads must cover head_dim");
+  const int d = tid % HD, part = tid / HD;
+  const __nv_bfloat16* vbase = reinterpret_cast<const __nv_bfloat16*>(hk.v) + d;
+  float acc[kMaxGroup];
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) acc[g] = 0.f;
-    for (int i = 0; i < n; ++i) {
-      const int slot = cache_slot(hk, kp.at(i0 + i));
-      const float vv = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(hk.v)[static_cast<size_t>(slot) * HD + d]);
+  for (int g = 0; g < kMaxGroup; ++g) acc[g] = 0.f;
+  int i = part;
+  for (; i + (kV - 1) * kParts < n; i += kV * kParts) {
+    float vv[kV];
+#pragma unroll
+    for (int u = 0; u < kV; ++u) vv[u] = __bfloat162float(vbase[static_cast<size_t>(sslot[i + u * kParts]) * HD]);
+#pragma unroll
+    for (int u = 0; u < kV; ++u)
 #pragma unroll
       for (int g = 0; g < kMaxGroup; ++g)
-        if (g < G) acc[g] += sp[g][i] * vv;
+        if (g < G) acc[g] += sp[g][i + u * kParts] * vv[u];
+  }
+  for (; i < n; i += kParts) {
+    const float vv = __bfloat162float(vbase[static_cast<size_t>(sslot[i]) * HD]);
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g)
+      if (g < G) acc[g] += sp[g][i] * vv;
+  }
+  if (kParts > 1) {  // parts 1.. hand their sums to part 0 through sq (the query is no longer needed)
+    __syncthreads();
+    for (int pp = 1; pp < kParts; ++pp) {
+      if (part == pp)
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g)
+          if (g < G) sq[g][d] = acc[g];
+      __syncthreads();
+      if (part == 0)
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g)
+          if (g < G) acc[g] += sq[g][d];
+      __syncthreads();
     }
+  }
+  if (part == 0)
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g)
       if (g < G) ws[(static_cast<size_t>(split) * Hq + kvh * G + g) * (HD + 2) + d] = acc[g];
-  }
   if (tid < G) {  // n > 0 here
     float* w = ws + (static_cast<size_t>(split) * Hq + kvh * G + tid) * (HD + 2);
     w[HD] = sm[tid];

@@ -9,22 +9,105 @@
 //   4. greedy selection: kb = 0 and kb = qb forced, the rest by descending mass (ties: lower kb) while the mass so
 //      far is < tau * total, done as a bitonic sort of (mass, kb) keys + an exclusive prefix sum in double;
 //   5. the selected blocks are written ascending into the triangular list of (h, qb).
-// This is the simple version: the scores are CUDA-core fp32 and every CTA rereads the key prefix (see
-// docs/CUDA_ATTENTION.md for its cost and the tensor-core plan).
+// That is the simple version (fp32 CUDA cores, every CTA rereads the key prefix for one query head); the tensor-core
+// version below scores all query heads of a KV head per CTA and is the default where its shape fits.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
 
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
+#include "mma_sync.cuh"
 
 namespace elastic::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+
+// Steps 4-5 for one (query head h, query block qb), all kThreads threads: greedy selection over the block masses
+// bs[0..qb] and the ascending write of the selected blocks. keys: [pow2 >= qb - 1] scratch; flag: [qb + 1] scratch.
+__device__ void select_blocks(const float* bs, int qb, int nb, float tau, unsigned long long* keys, int* flag, int h,
+                              size_t row_off, int32_t* __restrict__ blocks, int32_t* __restrict__ counts) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // Candidates kb in [1, qb): key = mass bits (non-negative floats order as integers) : ~kb (lower kb first).
+  const int n_cand = max(0, qb - 1);
+  int N = 1;
+  while (N < n_cand) N <<= 1;
+  for (int i = tid; i < N; i += kThreads) {
+    unsigned long long key = 0ull;
+    if (i < n_cand) {
+      const int kb = 1 + i;
+      key = (static_cast<unsigned long long>(__float_as_uint(bs[kb])) << 32) | (0xffffffffu - static_cast<uint32_t>(kb));
+    }
+    keys[i] = key;
+  }
+  __syncthreads();
+  for (int size = 2; size <= N; size <<= 1)
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      for (int i = tid; i < N; i += kThreads) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool desc = (i & size) == 0;  // descending overall
+          const unsigned long long a = keys[i], b = keys[j];
+          if ((a < b) == desc) keys[i] = b, keys[j] = a;
+        }
+      }
+      __syncthreads();
+    }
+
+  // Exclusive prefix of sorted masses in double; selected while base + prefix < tau * total.
+  __shared__ double s_part[kThreads];
+  __shared__ double s_total;
+  const int per = (N + kThreads - 1) / kThreads;
+  double local = 0.0;
+  for (int i = tid * per; i < min(N, (tid + 1) * per); ++i) local += static_cast<double>(__uint_as_float(keys[i] >> 32));
+  s_part[tid] = local;
+  if (tid == 0) {
+    double tot = 0.0;
+    for (int kb = 0; kb <= qb; ++kb) tot += static_cast<double>(bs[kb]);
+    s_total = tot;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    double run = 0.0;
+    for (int i = 0; i < kThreads; ++i) {
+      const double v = s_part[i];
+      s_part[i] = run;
+      run += v;
+    }
+  }
+  __syncthreads();
+  for (int kb = tid; kb <= qb; kb += kThreads) flag[kb] = (kb == 0 || kb == qb) ? 1 : 0;
+  __syncthreads();
+  {
+    const double required = s_total * static_cast<double>(tau);
+    double cum = static_cast<double>(bs[0]) + (qb > 0 ? static_cast<double>(bs[qb]) : 0.0) + s_part[tid];
+    for (int i = tid * per; i < min(n_cand, (tid + 1) * per); ++i) {
+      if (!(cum < required)) break;
+      const int kb = static_cast<int>(0xffffffffu - static_cast<uint32_t>(keys[i] & 0xffffffffull));
+      flag[kb] = 1;
+      cum += static_cast<double>(__uint_as_float(keys[i] >> 32));
+    }
+  }
+  __syncthreads();
+  // Ascending compaction by warp 0 (ballot + popc).
+  if (warp == 0) {
+    int32_t* out = blocks + (static_cast<int64_t>(h) * nb * (nb + 1) / 2 + int64_t(qb) * (qb + 1) / 2);
+    int n = 0;
+    for (int base = 0; base <= qb; base += 32) {
+      const int kb = base + lane;
+      const bool f = kb <= qb && flag[kb];
+      const unsigned bal = __ballot_sync(0xffffffffu, f);
+      if (f) out[n + __popc(bal & ((1u << lane) - 1u))] = kb;
+      n += __popc(bal);
+    }
+    if (lane == 0) counts[row_off] = n;
+  }
+}
 
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
@@ -132,82 +215,152 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // Candidates kb in [1, qb): key = mass bits (non-negative floats order as integers) : ~kb (lower kb first).
-  const int n_cand = max(0, qb - 1);
-  int N = 1;
-  while (N < n_cand) N <<= 1;
-  for (int i = tid; i < N; i += kThreads) {
-    unsigned long long key = 0ull;
-    if (i < n_cand) {
-      const int kb = 1 + i;
-      key = (static_cast<unsigned long long>(__float_as_uint(bs[kb])) << 32) | (0xffffffffu - static_cast<uint32_t>(kb));
-    }
-    keys[i] = key;
-  }
-  __syncthreads();
-  for (int size = 2; size <= N; size <<= 1)
-    for (int stride = size / 2; stride > 0; stride >>= 1) {
-      for (int i = tid; i < N; i += kThreads) {
-        const int j = i ^ stride;
-        if (j > i) {
-          const bool desc = (i & size) == 0;  // descending overall
-          const unsigned long long a = keys[i], b = keys[j];
-          if ((a < b) == desc) keys[i] = b, keys[j] = a;
-        }
-      }
-      __syncthreads();
-    }
+  select_blocks(bs, qb, nb, tau, keys, reinterpret_cast<int*>(sc), h, row_off, blocks, counts);  // sc is free now
+}
 
-  // Exclusive prefix of sorted masses in double; selected while base + prefix < tau * total.
-  __shared__ double s_part[kThreads];
-  __shared__ double s_total;
-  const int per = (N + kThreads - 1) / kThreads;
-  double local = 0.0;
-  for (int i = tid * per; i < min(N, (tid + 1) * per); ++i) local += static_cast<double>(__uint_as_float(keys[i] >> 32));
-  s_part[tid] = local;
-  if (tid == 0) {
-    double tot = 0.0;
-    for (int kb = 0; kb <= qb; ++kb) tot += static_cast<double>(bs[kb]);
-    s_total = tot;
+// Tensor-core version of steps 1-3, one CTA per (query block, KV head) for all G = Hq / Hkv query heads of that KV
+// head at once (M = G * B/S <= 16 reshaped query rows: one m16n8k16 row tile), so each CTA reads the key prefix once
+// for G heads and scores it with mma.sync (bf16 in, fp32 accumulate; the products are exact as in the fp32 version,
+// only the summation order differs):
+//   1. the M reshaped query rows -> shared memory as bf16 [16, S*hd + 8] (rows >= M and past the end zero);
+//   2. warps take groups of CW = max(8, B/S) reshaped key columns (whole key blocks, so a warp owns its blocks) and
+//      run the S*hd-long dot products as m16n8k16 MMAs, B fragments loaded straight from the key rows in global
+//      memory (a column's 16 consecutive elements sit in one key row); scores go through a per-warp staging tile to
+//      one log-sum-exp per (row, key block): L [16, nb];
+//   3. per head: row totals from L, block mass[kb] = sum over its rows of exp(L - row total) (one thread per key
+//      block, fixed order), then select_blocks.
+template <int HD>
+__global__ void __launch_bounds__(kThreads)
+    xattn_estimate_mma_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, int T,
+                              int pos0, int Hq, int Hkv, int B, int S, float tau, const KVHeadMeta* __restrict__ meta,
+                              int32_t* __restrict__ blocks, int32_t* __restrict__ offsets,
+                              int32_t* __restrict__ counts, float* __restrict__ block_scores) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int G = Hq / Hkv, n_pos = pos0 + T, nb = (n_pos + B - 1) / B, R = (n_pos + S - 1) / S, rb = B / S;
+  const int qb = pos0 / B + blockIdx.x, kvh = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid < G) {
+    const int h = kvh * G + tid;
+    const size_t row_off = static_cast<size_t>(h) * nb + qb;
+    offsets[row_off] = static_cast<int32_t>(static_cast<int64_t>(h) * nb * (nb + 1) / 2 + int64_t(qb) * (qb + 1) / 2);
+    if (meta[kvh].mode != 2) counts[row_off] = 0;
   }
-  __syncthreads();
-  if (tid == 0) {
-    double run = 0.0;
-    for (int i = 0; i < kThreads; ++i) {
-      const double v = s_part[i];
-      s_part[i] = run;
-      run += v;
+  if (meta[kvh].mode != 2) return;
+
+  constexpr int kWarps = kThreads / 32;
+  const int D = S * HD, LDA = D + 8;  // +8 bf16 per row: the 32-bit fragment loads of 8 rows hit different banks
+  const int M = G * rb, i0 = qb * rb, n_rows = min(rb, R - i0), n_cols = i0 + n_rows;
+  const size_t a_bytes = static_cast<size_t>(16) * LDA * 2;
+  uint16_t* sa = reinterpret_cast<uint16_t*>(smem);             // [16, LDA] bf16 query rows
+  float* L = reinterpret_cast<float*>(smem + a_bytes);          // [16, nb] log-sum-exp per (row, key block)
+  float* bs = L + 16 * nb;                                      // [nb] block mass of the current head
+  float* stile = bs + nb;                                       // [kWarps][16][16] score staging
+  float* rowlse = stile + kWarps * 256;                         // [16]
+  // After the scores, the query tile's space holds the selection scratch (keys, then flags).
+  int n_keys = 1;  // select_blocks sorts a power of two >= its candidates (< nb)
+  while (n_keys < nb) n_keys <<= 1;
+  unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem);
+  int* flag = reinterpret_cast<int*>(smem + sizeof(unsigned long long) * static_cast<size_t>(n_keys));
+
+  const size_t ldq = static_cast<size_t>(Hq) * HD, ldk = static_cast<size_t>(Hkv) * HD;
+  for (int idx = tid; idx < 16 * D; idx += kThreads) {
+    const int m = idx / D, c = idx % D, s = c / HD, d = c % HD, g = m / rb, r = m % rb;
+    uint16_t val = 0;
+    if (m < M && r < n_rows) {
+      const int pos = (i0 + r) * S + (S - 1 - s);
+      if (pos >= pos0 && pos < n_pos)
+        val = reinterpret_cast<const uint16_t*>(q)[static_cast<size_t>(pos - pos0) * ldq +
+                                                   static_cast<size_t>(kvh * G + g) * HD + d];
     }
+    sa[static_cast<size_t>(m) * LDA + c] = val;
   }
+  for (int i = tid; i < 16 * nb; i += kThreads) L[i] = -INFINITY;
   __syncthreads();
-  // Selection flags reuse sc (no longer needed) as ints, one per key block.
-  int* flag = reinterpret_cast<int*>(sc);
-  for (int kb = tid; kb <= qb; kb += kThreads) flag[kb] = (kb == 0 || kb == qb) ? 1 : 0;
-  __syncthreads();
-  {
-    const double required = s_total * static_cast<double>(tau);
-    double cum = static_cast<double>(bs[0]) + (qb > 0 ? static_cast<double>(bs[qb]) : 0.0) + s_part[tid];
-    for (int i = tid * per; i < min(n_cand, (tid + 1) * per); ++i) {
-      if (!(cum < required)) break;
-      const int kb = static_cast<int>(0xffffffffu - static_cast<uint32_t>(keys[i] & 0xffffffffull));
-      flag[kb] = 1;
-      cum += static_cast<double>(__uint_as_float(keys[i] >> 32));
+
+  const float scale = 1.f / sqrtf(static_cast<float>(HD)) / static_cast<float>(S);
+  const int CW = max(8, rb), n_groups = (n_cols + CW - 1) / CW, gq = lane / 4, t4 = lane % 4;
+  const uint16_t* kraw = reinterpret_cast<const uint16_t*>(k) + static_cast<size_t>(kvh) * HD;
+  float* st = stile + warp * 256;  // [16][16]
+  for (int grp = warp; grp < n_groups; grp += kWarps) {
+    const int j0 = grp * CW;
+    for (int nt = 0; nt < CW / 8; ++nt) {
+      const int j = j0 + nt * 8 + gq;  // this lane's B column
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+      for (int kk = 0; kk < D; kk += 16) {
+        uint32_t a[4];
+        const uint16_t* ar = sa + static_cast<size_t>(gq) * LDA + kk + 2 * t4;
+        a[0] = *reinterpret_cast<const uint32_t*>(ar);
+        a[1] = *reinterpret_cast<const uint32_t*>(ar + 8 * LDA);
+        a[2] = *reinterpret_cast<const uint32_t*>(ar + 8);
+        a[3] = *reinterpret_cast<const uint32_t*>(ar + 8 * LDA + 8);
+        const int pos = j * S + kk / HD;  // a 16-element step never crosses a key row (HD % 16 == 0)
+        uint32_t b0 = 0u, b1 = 0u;
+        if (j < n_cols && pos < n_pos) {  // past the end: zero padding, as in the fp32 version
+          const uint16_t* kr = kraw + static_cast<size_t>(pos) * ldk + kk % HD + 2 * t4;
+          b0 = __ldg(reinterpret_cast<const unsigned int*>(kr));
+          b1 = __ldg(reinterpret_cast<const unsigned int*>(kr + 8));
+        }
+        mma_bf16(acc, a, b0, b1);
+      }
+      // Stage C[gq][2 t4 + e] and C[gq + 8][2 t4 + e], scaled and causally masked.
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = gq + (e >= 2 ? 8 : 0), col = nt * 8 + 2 * t4 + (e & 1), jj = j0 + col, r = m % rb;
+        const bool ok = m < M && r < n_rows && jj < n_cols && jj <= i0 + r;
+        st[m * 16 + col] = ok ? acc[e] * scale : -INFINITY;
+      }
     }
+    __syncwarp();
+    const int bpg = CW / rb;  // key blocks per group
+    for (int pr = lane; pr < 16 * bpg; pr += 32) {
+      const int m = pr / bpg, b = pr % bpg, kb = j0 / rb + b;
+      if (kb > qb || m >= M) continue;
+      const float* x = st + m * 16 + b * rb;
+      float mx = -INFINITY;
+      for (int c = 0; c < rb; ++c) mx = fmaxf(mx, x[c]);
+      if (mx == -INFINITY) continue;  // no valid score in this block for this row
+      float sum = 0.f;
+      for (int c = 0; c < rb; ++c) sum += expf(x[c] - mx);
+      L[m * nb + kb] = mx + logf(sum);
+    }
+    __syncwarp();
   }
   __syncthreads();
-  // Ascending compaction by warp 0 (ballot + popc).
-  if (warp == 0) {
-    int32_t* out = blocks + (static_cast<int64_t>(h) * nb * (nb + 1) / 2 + int64_t(qb) * (qb + 1) / 2);
-    int n = 0;
-    for (int base = 0; base <= qb; base += 32) {
-      const int kb = base + lane;
-      const bool f = kb <= qb && flag[kb];
-      const unsigned bal = __ballot_sync(0xffffffffu, f);
-      if (f) out[n + __popc(bal & ((1u << lane) - 1u))] = kb;
-      n += __popc(bal);
+
+  for (int g = 0; g < G; ++g) {
+    const int h = kvh * G + g;
+    const size_t row_off = static_cast<size_t>(h) * nb + qb;
+    for (int r = warp; r < n_rows; r += kWarps) {  // row totals (every row has key block 0)
+      const float* lr = L + (g * rb + r) * nb;
+      float mx = -INFINITY;
+      for (int kb = lane; kb <= qb; kb += 32) mx = fmaxf(mx, lr[kb]);
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      float sum = 0.f;
+      for (int kb = lane; kb <= qb; kb += 32) sum += expf(lr[kb] - mx);
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (lane == 0) rowlse[r] = mx + logf(sum);
     }
-    if (lane == 0) counts[row_off] = n;
+    __syncthreads();
+    for (int kb = tid; kb <= qb; kb += kThreads) {
+      float m = 0.f;
+      for (int r = 0; r < n_rows; ++r) m += expf(L[(g * rb + r) * nb + kb] - rowlse[r]);
+      bs[kb] = m;
+      if (block_scores) block_scores[row_off * nb + kb] = m;
+    }
+    __syncthreads();
+    select_blocks(bs, qb, nb, tau, keys, flag, h, row_off, blocks, counts);
+    __syncthreads();
   }
+}
+
+// Shared memory of the tensor-core kernel: the query tile (reused for the selection scratch), L, bs, staging, rowlse.
+size_t mma_smem_bytes(int D, int nb) {
+  int N = 1;
+  while (N < nb) N <<= 1;
+  const size_t a = std::max(static_cast<size_t>(16) * (D + 8) * 2,
+                            sizeof(unsigned long long) * N + sizeof(int) * static_cast<size_t>(nb));
+  return ((a + 15) & ~size_t(15)) + 4 * (static_cast<size_t>(16) * nb + nb + (kThreads / 32) * 256 + 16);
 }
 
 void bad(const std::string& what) { throw std::invalid_argument("xattn_estimate_cuda: " + what); }
@@ -215,24 +368,39 @@ void bad(const std::string& what) { throw std::invalid_argument("xattn_estimate_
 template <int HD>
 void launch(const XAttnEstimateParams& p, cudaStream_t stream) {
   const int n_pos = p.pos0 + p.T, nb = (n_pos + p.block - 1) / p.block, rb = p.block / p.stride;
+  const int G = p.n_heads / p.n_kv_heads, qb0 = p.pos0 / p.block;
+  int dev = 0, optin = 0;
+  ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
+  ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const size_t limit = static_cast<size_t>(optin) - 4096;
+  // Tensor cores when a KV head's G query heads fit one 16-row tile and the per-(row, block) sums fit shared memory.
+  const size_t smem_mma = mma_smem_bytes(p.stride * HD, nb);
+  const bool mma_fits = G * rb <= 16 && smem_mma <= limit;
+  if (p.kernel == XAttnEstimateKernel::TensorCore && !mma_fits)
+    bad("the tensor-core estimator needs (query heads per KV head) x block/stride <= 16 and " +
+        std::to_string(smem_mma) + " bytes of shared memory (have " + std::to_string(limit) + ")");
+  ELASTIC_CUDA_CHECK(cudaMemsetAsync(p.counts, 0, sizeof(int32_t) * p.n_heads * nb, stream));
+  if (p.kernel != XAttnEstimateKernel::Simple && mma_fits) {
+    ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(xattn_estimate_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem_mma)));
+    xattn_estimate_mma_kernel<HD><<<dim3(nb - qb0, p.n_kv_heads), kThreads, smem_mma, stream>>>(
+        reinterpret_cast<const __nv_bfloat16*>(p.q), reinterpret_cast<const __nv_bfloat16*>(p.k), p.T, p.pos0,
+        p.n_heads, p.n_kv_heads, p.block, p.stride, p.tau, p.meta, p.blocks, p.offsets, p.counts, p.block_scores);
+    ELASTIC_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const int n_cols_max = nb * rb;
   int N = 1;
   while (N < nb) N <<= 1;
   const size_t n_floats = static_cast<size_t>(rb) * p.stride * HD + static_cast<size_t>(rb) * n_cols_max + nb;
   const size_t smem = ((n_floats * 4 + 15) & ~size_t(15)) + sizeof(unsigned long long) * N;
-  int dev = 0, optin = 0;
-  ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
-  ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (smem > static_cast<size_t>(optin) - 4096)
+  if (smem > limit)
     bad("sequence too long for the shared-memory score rows (" + std::to_string(smem) + " bytes needed for " +
         std::to_string(n_pos) + " positions, block " + std::to_string(p.block) + ", stride " +
         std::to_string(p.stride) + ")");
   ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(xattn_estimate_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
-  ELASTIC_CUDA_CHECK(cudaMemsetAsync(p.counts, 0, sizeof(int32_t) * p.n_heads * nb, stream));
-  const int qb0 = p.pos0 / p.block;
-  dim3 grid(nb - qb0, p.n_heads);
-  xattn_estimate_kernel<HD><<<grid, kThreads, smem, stream>>>(
+  xattn_estimate_kernel<HD><<<dim3(nb - qb0, p.n_heads), kThreads, smem, stream>>>(
       reinterpret_cast<const __nv_bfloat16*>(p.q), reinterpret_cast<const __nv_bfloat16*>(p.k), p.T, p.pos0,
       p.n_heads, p.n_kv_heads, p.block, p.stride, p.tau, p.meta, p.blocks, p.offsets, p.counts, p.block_scores);
   ELASTIC_CUDA_CHECK(cudaGetLastError());

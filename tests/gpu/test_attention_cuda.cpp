@@ -219,9 +219,16 @@ TEST(CudaHybridAttention, RejectsBadShapes) {
 TEST(CudaXAttnEstimate, MatchesCpuSelection) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(std::random_device{}());
+  // Both kernels; shapes with G * B/S = 8 and 16 reshaped rows per KV head (the tensor-core kernel's one row tile).
+  struct XCase { int Hq, Hkv, B; };
+  for (const auto kernel : {cuda::XAttnEstimateKernel::Simple, cuda::XAttnEstimateKernel::TensorCore})
+  for (const XCase xc : {XCase{4, 2, 64}, XCase{8, 2, 64}, XCase{4, 2, 128}})
   for (const int hd : {64, 128})
     for (const int pos0 : {0, 256}) {
-      const int T = 1000 - pos0 / 2, Hq = 4, Hkv = 2, B = 64, n_pos = pos0 + T, nb = (n_pos + B - 1) / B;
+      SCOPED_TRACE(std::string(kernel == cuda::XAttnEstimateKernel::Simple ? "simple" : "tensor-core") + " Hq " +
+                   std::to_string(xc.Hq) + " B " + std::to_string(xc.B));
+      const int T = 1000 - pos0 / 2, Hq = xc.Hq, Hkv = xc.Hkv, B = xc.B, G = Hq / Hkv, n_pos = pos0 + T,
+                nb = (n_pos + B - 1) / B;
       auto q = random_bf16(size_t(T) * Hq * hd, rng, 2.f);
       auto k = random_bf16(size_t(n_pos) * Hkv * hd, rng, 1.f);
       std::vector<cuda::KVHeadMeta> meta{cuda::make_kv_head_meta(2, 0, 0, B), cuda::make_kv_head_meta(0, 0, 0, B)};
@@ -233,6 +240,7 @@ TEST(CudaXAttnEstimate, MatchesCpuSelection) {
       e.q = dq.p, e.k = dk.p, e.T = T, e.pos0 = pos0, e.n_heads = Hq, e.n_kv_heads = Hkv, e.head_dim = hd;
       e.block = B, e.stride = 16, e.tau = 0.9f, e.meta = dmeta.p;
       e.blocks = dblocks.p, e.offsets = doff.p, e.counts = dcnt.p, e.block_scores = dbs.p;
+      e.kernel = kernel;
       cuda::xattn_estimate_cuda(e, nullptr);
       ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
       const auto blocks = dblocks.down(), off = doff.down(), cnt = dcnt.down();
@@ -246,11 +254,11 @@ TEST(CudaXAttnEstimate, MatchesCpuSelection) {
         for (int t = 0; t < T; ++t)
           for (int d = 0; d < hd; ++d) qh[size_t(pos0 + t) * hd + d] = from_bf16(q[(size_t(t) * Hq + h) * hd + d]);
         for (int j = 0; j < n_pos; ++j)
-          for (int d = 0; d < hd; ++d) kh[size_t(j) * hd + d] = from_bf16(k[(size_t(j) * Hkv + h / 2) * hd + d]);
+          for (int d = 0; d < hd; ++d) kh[size_t(j) * hd + d] = from_bf16(k[(size_t(j) * Hkv + h / G) * hd + d]);
         const BlockMask ref = xattn_select(qh.data(), kh.data(), n_pos, hd, xp);
         for (int qb = pos0 / B; qb < nb; ++qb) {
           const size_t r = size_t(h) * nb + qb;
-          if (h / 2 != 0) {  // a Full-routed KV head gets no lists
+          if (h / G != 0) {  // a Full-routed KV head gets no lists
             EXPECT_EQ(cnt[r], 0);
             continue;
           }
@@ -272,7 +280,7 @@ TEST(CudaXAttnEstimate, MatchesCpuSelection) {
           // Masses: recompute the CPU block masses is internal to xattn_select; check they sum to rows (B/S each).
           double sum = 0;
           for (int kb = 0; kb <= qb; ++kb) sum += bs[r * nb + kb];
-          const int rows = std::min((n_pos + 15) / 16, (qb + 1) * (B / 16)) - qb * (B / 16);
+          const int rows = std::min((n_pos + 15) / 16, (qb + 1) * (B / 16)) - qb * (B / 16);  // stride 16
           bs_err = std::max(bs_err, std::abs(sum - rows));
         }
       }
@@ -280,6 +288,18 @@ TEST(CudaXAttnEstimate, MatchesCpuSelection) {
                                                       << total << " blocks differ from xattn_select";
       EXPECT_LT(bs_err, 1e-3);
     }
+}
+
+TEST(CudaXAttnEstimate, TensorCoreRejectsTooManyRowsPerKvHead) {
+  SKIP_WITHOUT_GPU();
+  cuda::XAttnEstimateParams e;
+  uint16_t d = 0;
+  int32_t i = 0;
+  cuda::KVHeadMeta m;
+  e.q = e.k = &d, e.meta = &m, e.blocks = e.offsets = e.counts = &i;
+  e.T = 256, e.n_heads = 8, e.n_kv_heads = 1, e.head_dim = 64, e.block = 128;  // 8 heads x 8 rows = 64 > 16
+  e.kernel = cuda::XAttnEstimateKernel::TensorCore;
+  EXPECT_THROW(cuda::xattn_estimate_cuda(e, nullptr), std::invalid_argument);
 }
 
 TEST(CudaXAttnEstimate, RejectsUnalignedChunk) {
