@@ -45,7 +45,9 @@ __device__ __forceinline__ int cache_slot(const DecodeKVHead& hk, int j) {
   return hk.ring_slots == 0 || j < hk.sink_slots ? j : hk.sink_slots + (j - hk.sink_slots) % hk.ring_slots;
 }
 
-template <int HD>
+// GM: the largest group this instance handles (4, 8 or 16; G <= GM), so accumulators and shared arrays are sized
+// for the model's group, not for 16.
+template <int HD, int GM>
 __global__ void __launch_bounds__(kThreads)
     decode_partial(const __nv_bfloat16* __restrict__ q, const DecodeKVHead* __restrict__ heads, int n_pos_arg,
                    const int32_t* __restrict__ n_pos_dev, int max_pos, int Hq, int Hkv, int B, float scale,
@@ -67,34 +69,41 @@ __global__ void __launch_bounds__(kThreads)
     }
     return;
   }
-  __shared__ float sq[kMaxGroup][HD];
-  __shared__ float sp[kMaxGroup][kChunk];
-  __shared__ float sm[kMaxGroup], sl[kMaxGroup];
+  constexpr int kPer = HD / 32, kWarps = kThreads / 32;
+  __shared__ float sq[GM][HD];      // the group's queries; later the cross-warp sums of the output
+  __shared__ float sp[GM][kChunk];  // scores, then unnormalized probabilities
+  __shared__ float sm[GM], sl[GM];
   // Cache slot of each kept position, once per CTA: a streaming head's ring mapping costs an integer modulo, and
-  // with it inside the loops below the loads could not be issued ahead (the loops were latency-bound, and a routed
-  // sequence decoded slower than an all-full one).
+  // inside the loops it kept the loads from being issued ahead (a routed sequence decoded slower than a full one).
   __shared__ int sslot[kChunk];
   for (int idx = tid; idx < G * HD; idx += kThreads)
     sq[idx / HD][idx % HD] = __bfloat162float(q[static_cast<size_t>(kvh * G + idx / HD) * HD + idx % HD]);
   for (int i = tid; i < n; i += kThreads) sslot[i] = cache_slot(hk, kp.at(i0 + i));
   __syncthreads();
 
-  // Scores: a warp takes kU consecutive positions and loads all their key rows before the dot products, so kU row
-  // loads are in flight per warp.
-  constexpr int kPer = HD / 32, kU = 4, kWarps = kThreads / 32;
+  // A lane's kPer consecutive elements of a bf16 row, as floats (8- or 4-byte load).
+  auto load_row = [&](const __nv_bfloat16* r, float* out) {
+    if constexpr (kPer == 4) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(r);
+      const float2 a0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+      const float2 a1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+      out[0] = a0.x, out[1] = a0.y, out[2] = a1.x, out[3] = a1.y;
+    } else {
+      const float2 a0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(r));
+      out[0] = a0.x, out[1] = a0.y;
+    }
+  };
+  // Scores: warp w takes positions w, w + kWarps, ... kU at a time, all kU key rows loaded before the dot products.
+  constexpr int kU = 8;
   const __nv_bfloat16* kbase = reinterpret_cast<const __nv_bfloat16*>(hk.k) + lane * kPer;
-  for (int i = warp * kU; i < n; i += kWarps * kU) {
+  for (int i = warp; i < n; i += kWarps * kU) {
     float kv[kU][kPer];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const __nv_bfloat16* kr = kbase + static_cast<size_t>(sslot[min(i + u, n - 1)]) * HD;  // tail: a valid row
+    for (int u = 0; u < kU; ++u)  // past n: a valid row whose score is dropped
+      load_row(kbase + static_cast<size_t>(sslot[min(i + u * kWarps, n - 1)]) * HD, kv[u]);
 #pragma unroll
-      for (int e = 0; e < kPer; e += 2) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kr + e));
-        kv[u][e] = f.x, kv[u][e + 1] = f.y;
-      }
-    }
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < GM; ++g) {
+      if (g >= G) break;
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         float a = 0.f;
@@ -102,7 +111,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < kPer; ++e) a += sq[g][lane * kPer + e] * kv[u][e];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-        if (lane == 0 && i + u < n) sp[g][i + u] = a * scale;
+        if (lane == 0 && i + u * kWarps < n) sp[g][i + u * kWarps] = a * scale;
       }
     }
   }
@@ -121,51 +130,44 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) sm[g] = mx, sl[g] = sum;
   }
   __syncthreads();
-  // O partial: thread (part, d) accumulates dimension d of all group heads over every kParts-th position (kParts = 2
-  // for head_dim 64, so no thread idles), kV value loads in flight; the parts are summed through shared memory.
-  constexpr int kParts = kThreads / HD, kV = 8;
-  static_assert(kParts >= 1 && kThreads % HD == 0, "threads must cover head_dim");
-  const int d = tid % HD, part = tid / HD;
-  const __nv_bfloat16* vbase = reinterpret_cast<const __nv_bfloat16*>(hk.v) + d;
-  float acc[kMaxGroup];
+  // O partial: the same position split as the scores; a lane accumulates its kPer dimensions of every group head,
+  // kU value rows in flight per warp. The warps' sums meet in sq (the queries are no longer needed), in warp order.
+  const __nv_bfloat16* vbase = reinterpret_cast<const __nv_bfloat16*>(hk.v) + lane * kPer;
+  float acc[GM][kPer];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) acc[g] = 0.f;
-  int i = part;
-  for (; i + (kV - 1) * kParts < n; i += kV * kParts) {
-    float vv[kV];
+  for (int g = 0; g < GM; ++g)
 #pragma unroll
-    for (int u = 0; u < kV; ++u) vv[u] = __bfloat162float(vbase[static_cast<size_t>(sslot[i + u * kParts]) * HD]);
+    for (int e = 0; e < kPer; ++e) acc[g][e] = 0.f;
+  for (int i = warp; i < n; i += kWarps * kU) {
+    float vv[kU][kPer];
 #pragma unroll
-    for (int u = 0; u < kV; ++u)
+    for (int u = 0; u < kU; ++u) load_row(vbase + static_cast<size_t>(sslot[min(i + u * kWarps, n - 1)]) * HD, vv[u]);
 #pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g)
-        if (g < G) acc[g] += sp[g][i + u * kParts] * vv[u];
-  }
-  for (; i < n; i += kParts) {
-    const float vv = __bfloat162float(vbase[static_cast<size_t>(sslot[i]) * HD]);
+    for (int u = 0; u < kU; ++u) {
+      const int ii = i + u * kWarps;
+      if (ii < n)
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g)
-      if (g < G) acc[g] += sp[g][i] * vv;
-  }
-  if (kParts > 1) {  // parts 1.. hand their sums to part 0 through sq (the query is no longer needed)
-    __syncthreads();
-    for (int pp = 1; pp < kParts; ++pp) {
-      if (part == pp)
+        for (int g = 0; g < GM; ++g) {
+          const float pr = g < G ? sp[g][ii] : 0.f;
 #pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g)
-          if (g < G) sq[g][d] = acc[g];
-      __syncthreads();
-      if (part == 0)
-#pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g)
-          if (g < G) acc[g] += sq[g][d];
-      __syncthreads();
+          for (int e = 0; e < kPer; ++e) acc[g][e] += pr * vv[u][e];
+        }
     }
   }
-  if (part == 0)
+  for (int w = 0; w < kWarps; ++w) {  // fixed order: the same sums on every run (graph replays are bit-identical)
+    if (warp == w)
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g)
-      if (g < G) ws[(static_cast<size_t>(split) * Hq + kvh * G + g) * (HD + 2) + d] = acc[g];
+      for (int g = 0; g < GM; ++g)
+        if (g < G)
+#pragma unroll
+          for (int e = 0; e < kPer; ++e) {
+            float& dst = sq[g][lane * kPer + e];
+            dst = (w == 0 ? 0.f : dst) + acc[g][e];
+          }
+    __syncthreads();
+  }
+  for (int idx = tid; idx < G * HD; idx += kThreads)
+    ws[(static_cast<size_t>(split) * Hq + kvh * G + idx / HD) * (HD + 2) + idx % HD] = sq[idx / HD][idx % HD];
   if (tid < G) {  // n > 0 here
     float* w = ws + (static_cast<size_t>(split) * Hq + kvh * G + tid) * (HD + 2);
     w[HD] = sm[tid];
@@ -205,7 +207,9 @@ void launch(const DecodeParams& p, cudaStream_t stream) {
   const int grid_pos = p.n_pos_dev ? p.max_pos : p.n_pos;
   const int splits = n_splits_for(grid_pos);
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
-  decode_partial<HD><<<dim3(p.n_kv_heads, splits), kThreads, 0, stream>>>(
+  const int G = p.n_heads / p.n_kv_heads;
+  auto kernel = G <= 4 ? decode_partial<HD, 4> : G <= 8 ? decode_partial<HD, 8> : decode_partial<HD, 16>;
+  kernel<<<dim3(p.n_kv_heads, splits), kThreads, 0, stream>>>(
       reinterpret_cast<const __nv_bfloat16*>(p.q), p.heads, p.n_pos, p.n_pos_dev, grid_pos, p.n_heads, p.n_kv_heads,
       p.block, scale, p.workspace);
   ELASTIC_CUDA_CHECK(cudaGetLastError());

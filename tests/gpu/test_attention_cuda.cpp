@@ -318,7 +318,9 @@ TEST(CudaDecodeAttention, RingCacheMatchesCpu) {
   std::mt19937 rng(std::random_device{}());
   struct DCase { int n_pos, Hq, Hkv, hd, B, sink, local; std::vector<HeadMode> modes; };
   for (const DCase& c : {DCase{1000, 8, 2, 128, 64, 64, 128, {F, S}}, DCase{777, 4, 4, 64, 128, 100, 300, {S, X, F, S}},
-                         DCase{5000, 32, 8, 128, 64, 128, 2048, {S, S, F, S, X, S, S, F}}}) {
+                         DCase{5000, 32, 8, 128, 64, 128, 2048, {S, S, F, S, X, S, S, F}},
+                         DCase{3000, 16, 1, 64, 64, 64, 256, {S}},                 // group 16
+                         DCase{2500, 16, 2, 128, 128, 128, 512, {F, S}}}) {        // group 8
     const int hd = c.hd, p = c.n_pos - 1;
     SparseSettings sp;
     sp.block = c.B, sp.sink = c.sink, sp.local = c.local;
