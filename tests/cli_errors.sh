@@ -41,7 +41,7 @@ $BIN route static --scores $TMP/heads.json --sparsity 0.5 --sink 0 --local 64 -o
 $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy --routing $TMP/r.json >/dev/null 2>&1 || { echo "FAIL: logits --routing"; fails=$((fails+1)); }
 $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 4 --print-ids >/dev/null 2>&1 || { echo "FAIL: generate"; fails=$((fails+1)); }
 # train-router end to end (tiny), then its router on the wrong model and bad training inputs.
-TR="$BIN train-router -m $FX/qwen3_tiny --steps 2 --batch 2 --max-len 256 --builtin-len 200 --builtin-samples 4 --local 64 --sink 0 --pool 16"
+TR="$BIN train-router -m $FX/qwen3_tiny --steps 2 --batch 2 --max-len 256 --builtin-len 200,160 --builtin-samples 4 --local 64 --sink 0 --pool 16"
 $TR -o $TMP/router.safetensors --log $TMP/train.jsonl >/dev/null 2>&1 || { echo "FAIL: train-router"; fails=$((fails+1)); }
 [ -s $TMP/train_sparsity.svg ] && [ "$(wc -l < $TMP/train.jsonl)" -eq 2 ] || { echo "FAIL: train-router log/plots"; fails=$((fails+1)); }
 $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --router $TMP/router.safetensors >/dev/null 2>&1 || { echo "FAIL: generate --router"; fails=$((fails+1)); }
@@ -59,6 +59,7 @@ expect_fail "exceeds the model's 128-token context" $BIN eval -m $FX/qwen3_tiny 
 expect_fail "head_dim 32 is not supported" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --device cuda
 expect_fail "--device" $BIN bench --device tpu
 expect_fail "--device" $BIN train-router -m $FX/qwen3_tiny --device tpu
+expect_fail "leaves no room for the answer" $BIN train-router -m $FX/qwen3_tiny --max-len 256 --builtin-len 100,250
 expect_fail "head_dim 32 is not supported" $BIN train-router -m $FX/qwen3_tiny --device cuda --steps 1 --batch 1 \
   --max-len 64 --builtin-samples 2 --sink 0 --local 32 --block 64 -o $TMP/r.safetensors --log $TMP/t.jsonl
 expect_fail "head_dim 32 is not supported" $BIN eval -m $FX/qwen3_tiny --device cuda --lengths 100 --samples 1 \

@@ -1,6 +1,9 @@
 // Router training: data loading and its errors, schedules, router files, routed prefill, and a tiny model where the
 // right routing is known (found by brute force) and the trained router must find it.
 #include <gtest/gtest.h>
+
+#include <map>
+#include <set>
 #include <unistd.h>
 
 #include <cmath>
@@ -81,8 +84,17 @@ TEST(TrainData, FitKeepsBoundariesAndAnswer) {
   EXPECT_EQ(e.input_ids.back(), 99);
 }
 
+TEST(TrainData, BuiltinMixCoversEveryTaskAtEveryLength) {
+  const auto mix = builtin_train_mix(nullptr, 512, 24, {160, 240}, 3);
+  ASSERT_EQ(mix.size(), 24u);
+  std::map<std::string, std::set<size_t>> lengths;  // task class -> prompt lengths seen
+  for (const auto& e : mix) lengths[e.task_class].insert(e.input_ids.size());
+  for (const auto& [cls, ls] : lengths) EXPECT_EQ(ls, (std::set<size_t>{160, 240})) << cls;
+  EXPECT_THROW(builtin_train_mix(nullptr, 512, 6, {}, 3), std::invalid_argument);
+}
+
 TEST(TrainData, BuiltinMixHasBothKinds) {
-  auto mix = builtin_train_mix(nullptr, 512, 12, 200, 3);
+  auto mix = builtin_train_mix(nullptr, 512, 12, {200}, 3);
   ASSERT_FALSE(mix.empty());
   int sensitive = 0, robust = 0;
   const auto t = default_targets();
@@ -99,8 +111,8 @@ TEST(TrainData, BuiltinMixHasBothKinds) {
 TEST(TrainData, BuiltinMixAppliesTheChatFormat) {
   const Tokenizer tok = Tokenizer::from_file(std::string(ELASTIC_SHARED_DIR) + "/qwen3-tokenizer/tokenizer.json");
   const ChatFormat chat = [](const std::string& u) { return "<|im_start|>user\n" + u + "<|im_end|>\n<|im_start|>assistant\n"; };
-  const auto raw = builtin_train_mix(&tok, tok.vocab_size(), 6, 300, 5);
-  const auto wrapped = builtin_train_mix(&tok, tok.vocab_size(), 6, 300, 5, "", chat);
+  const auto raw = builtin_train_mix(&tok, tok.vocab_size(), 6, {300}, 5);
+  const auto wrapped = builtin_train_mix(&tok, tok.vocab_size(), 6, {300}, 5, "", chat);
   ASSERT_EQ(raw.size(), wrapped.size());
   // Each sample is formatted as eval formats its task: retrieval and QA (and recap) prompts through the template,
   // raw-continuation tasks stay raw in both.

@@ -24,7 +24,8 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
         device = "cpu";
     std::vector<std::string> data;
     std::vector<std::string> targets;  // class=value overrides
-    int threads = 0, builtin_samples = 240, builtin_len = 0, gpus = 1;
+    int threads = 0, builtin_samples = 240, gpus = 1;
+    std::vector<int> builtin_len;  // empty: max-len - 64
     TrainOptions to;
     bool sigmoid = false, no_chat = false;
   };
@@ -34,7 +35,9 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--data", o->data, "JSONL training data (repeatable); default: the built-in task mix");
   sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's; none = ids only)");
   sub->add_option("--builtin-samples", o->builtin_samples, "Samples of the built-in mix")->check(CLI::PositiveNumber);
-  sub->add_option("--builtin-len", o->builtin_len, "Prompt tokens of built-in samples (default: max-len - 64)")
+  sub->add_option("--builtin-len", o->builtin_len,
+                  "Prompt tokens of built-in samples, a comma list for several lengths (default: max-len - 64)")
+      ->delimiter(',')
       ->check(CLI::PositiveNumber);
   sub->add_option("--haystack", o->haystack, "Text file for the built-in tasks' haystacks");
   sub->add_option("--steps", o->to.steps, "Optimizer steps")->check(CLI::PositiveNumber);
@@ -132,12 +135,21 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
     std::vector<TrainExample> data;
     if (o->data.empty()) {
-      const int len = o->builtin_len > 0 ? o->builtin_len : std::max(16, to.max_len - 64);
-      std::fprintf(stderr, "train-router: built-in mix, %d samples of %d prompt tokens%s\n", o->builtin_samples, len,
-                   tok ? "" : " (random-id mode: the model has no tokenizer)");
+      const std::vector<int> lens = o->builtin_len.empty() ? std::vector<int>{std::max(16, to.max_len - 64)}
+                                                           : o->builtin_len;
+      std::string lens_s;
+      for (int L : lens) {
+        if (L + 16 > to.max_len)
+          throw std::invalid_argument("train-router: --builtin-len " + std::to_string(L) +
+                                      " leaves no room for the answer in --max-len " + std::to_string(to.max_len) +
+                                      " (needs at least 16 tokens more)");
+        lens_s += (lens_s.empty() ? "" : ",") + std::to_string(L);
+      }
+      std::fprintf(stderr, "train-router: built-in mix, %d samples of %s prompt tokens%s\n", o->builtin_samples,
+                   lens_s.c_str(), tok ? "" : " (random-id mode: the model has no tokenizer)");
       // The router must see prompts as eval and serve format them: through the model's chat template.
       const ChatFormat chat = model_chat_format(o->model, tok != nullptr, o->no_chat, "train-router");
-      data = builtin_train_mix(tok.get(), m.config.vocab, o->builtin_samples, len, to.seed, o->haystack, chat);
+      data = builtin_train_mix(tok.get(), m.config.vocab, o->builtin_samples, lens, to.seed, o->haystack, chat);
     }
     for (const std::string& path : o->data) {
       DataReport rep;

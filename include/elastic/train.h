@@ -48,9 +48,11 @@ std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokeni
 // The built-in mix, from the eval task generators: sensitive (needle retrieval, multi-key retrieval, QA over
 // documents) and robust (summary recap, passage continuation, code continuation) samples of `tokens` prompt tokens.
 // chat: the model's chat format (as `elastic eval` applies it), so the router trains on the prompts it will route.
-std::vector<TrainExample> builtin_train_mix(const Tokenizer* tok, int32_t vocab, int n_samples, int tokens,
-                                            uint64_t seed, const std::string& haystack_file = "",
-                                            const ChatFormat& chat = {});
+// lengths: prompt tokens; sample i is task i % 6 at lengths[(i / 6) % lengths.size()], so every task appears at every
+// length (a router trained at several lengths routes long prompts it would otherwise only extrapolate to).
+std::vector<TrainExample> builtin_train_mix(const Tokenizer* tok, int32_t vocab, int n_samples,
+                                            const std::vector<int>& lengths, uint64_t seed,
+                                            const std::string& haystack_file = "", const ChatFormat& chat = {});
 
 // Fits input + output into max_len tokens: the answer stays whole (cut to max_len / 2 if longer), the input loses
 // tokens from its middle so both of its boundaries (what the router reads) stay.

@@ -82,8 +82,10 @@ std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokeni
   return out;
 }
 
-std::vector<TrainExample> builtin_train_mix(const Tokenizer* tok, int32_t vocab, int n_samples, int tokens,
-                                            uint64_t seed, const std::string& haystack_file, const ChatFormat& chat) {
+std::vector<TrainExample> builtin_train_mix(const Tokenizer* tok, int32_t vocab, int n_samples,
+                                            const std::vector<int>& lengths, uint64_t seed,
+                                            const std::string& haystack_file, const ChatFormat& chat) {
+  if (lengths.empty()) throw std::invalid_argument("built-in mix: no prompt length given");
   // Sensitive tasks need far-back retrieval; robust tasks are solved from local context.
   const std::vector<std::string> tasks = {"niah_single_2", "sum_recap", "niah_multikey_1", "continue_text", "qa_1",
                                           "code_continue"};
@@ -94,6 +96,7 @@ std::vector<TrainExample> builtin_train_mix(const Tokenizer* tok, int32_t vocab,
     spec.haystack_file = haystack_file;
     spec.vocab = vocab;
     spec.chat = chat;
+    const int tokens = lengths[(static_cast<size_t>(i) / tasks.size()) % lengths.size()];
     TaskSample s = make_sample(spec, tok, tokens, seed * 1000003 + i);
     TrainExample e;
     e.task_class = s.task_class;
