@@ -227,6 +227,21 @@ int main(int argc, char** argv) {
       row("full (wgmma, no pingpong)", 0.0, t, pairs_full);
       ELASTIC_CUDA_CHECK(cudaFree(d));
     }
+    {  // all full through the persistent wgmma kernel (one CTA per SM walking tiles longest first)
+      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mf));
+      auto p = base(d);
+      p.kernel = AttnKernel::WgmmaPersistent;
+      const double t = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
+      row("full (wgmma, persistent)", 0.0, t, pairs_full);
+      ELASTIC_CUDA_CHECK(cudaFree(d));
+      KVHeadMeta* ds = upload_meta(std::vector<KVHeadMeta>(Hkv, ms));
+      auto ps = base(ds);
+      ps.kernel = AttnKernel::WgmmaPersistent;
+      double pr = 0;
+      for (int h = 0; h < Hq; ++h) pr += pairs_head(ms, T, B, nullptr, nullptr, nullptr, h, nb);
+      row("ssa (wgmma, persistent)", 1.0, timer.median_ms([&] { hybrid_attention_fwd(ps, nullptr); }, reps), pr);
+      ELASTIC_CUDA_CHECK(cudaFree(ds));
+    }
     {  // all full through the simple (mma.sync) kernel, for comparison
       KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mf));
       auto p = base(d);

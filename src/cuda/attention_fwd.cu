@@ -491,7 +491,11 @@ struct PairIter {
 };
 __device__ __forceinline__ int head_valid(int m4, int w) { return ((m4 >> w) & 1) | (((m4 >> (2 + w)) & 1) << 1); }
 
-template <int HD, bool kPingpong>
+// kPersistent: one CTA per SM walks work items (query tile, head pair) j = blockIdx.x, + gridDim.x, ... in the order
+// latest query tile first across all head pairs (longest first), so the K/V stage ring and the Q buffer carry over
+// from one item to the next: the producer loads the next item's tiles while the consumers finish the current one
+// (its last products and its epilogue) instead of the SM idling between CTAs.
+template <int HD, bool kPingpong, bool kPersistent>
 __global__ void __launch_bounds__(384, 1)
     attn_fwd_wgmma(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                    const __grid_constant__ CUtensorMap tmV, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
@@ -501,7 +505,7 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int kTileBytes = kWN * HD * 2;  // one K or V tile of kWN rows
   constexpr int kHalves = HD / 64;          // 64-column boxes per row
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t bars[1 + 3 * kStages];  // q_full, full_k[s], full_v[s], empty[s]
+  __shared__ __align__(8) uint64_t bars[2 + 3 * kStages];  // q_full, full_k[s], full_v[s], empty[s], q_empty
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
   const uint32_t sQ = base;                                      // [2][64 x HD]: column boxes of 64 rows x 128 B
   const uint32_t sK = sQ + 2 * kQBytes;                          // [kStages][kWN x HD]: boxes of kWN rows x 128 B
@@ -510,13 +514,21 @@ __global__ void __launch_bounds__(384, 1)
   auto bar_fk = [&](int s) { return smem_addr(&bars[1 + s]); };
   auto bar_fv = [&](int s) { return smem_addr(&bars[1 + kStages + s]); };
   auto bar_em = [&](int s) { return smem_addr(&bars[1 + 2 * kStages + s]); };
+  const uint32_t bar_qe = smem_addr(&bars[1 + 3 * kStages]);
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp_in_wg = (tid % 128) / 32;
-  const int qt = pos0 / kBM + (n_qtiles - 1 - static_cast<int>(blockIdx.x));  // latest tiles first
-  const int h0 = blockIdx.y * 2, group = Hq / Hkv, kvh = h0 / group, n_keys = pos0 + T;
-  const KVHeadMeta m = meta[kvh];
-  PairIter it{UnionIter{make_tile_list(m, xattn, h0, qt, n_keys, block),
-                        make_tile_list(m, xattn, h0 + 1, qt, n_keys, block)}};
+  const int group = Hq / Hkv, n_keys = pos0 + T, n_pairs = Hq / 2;
+  const int n_items = kPersistent ? n_qtiles * n_pairs : 1;
+  const int item_first = kPersistent ? static_cast<int>(blockIdx.x) : 0, item_step = kPersistent ? gridDim.x : 1;
+  auto item_at = [&](int j, int& qt, int& h0) {  // latest tiles first
+    if (kPersistent) {
+      qt = pos0 / kBM + (n_qtiles - 1 - j / n_pairs);
+      h0 = (j % n_pairs) * 2;
+    } else {
+      qt = pos0 / kBM + (n_qtiles - 1 - static_cast<int>(blockIdx.x));
+      h0 = blockIdx.y * 2;
+    }
+  };
 
   if (tid == 0) {
     mbar_init(bar_q, 1);
@@ -525,6 +537,7 @@ __global__ void __launch_bounds__(384, 1)
       mbar_init(bar_fv(s), 1);
       mbar_init(bar_em(s), 8);  // one arrival per consumer warp
     }
+    mbar_init(bar_qe, 8);  // one arrival per consumer warp once its item no longer reads Q
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -532,12 +545,21 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 0) {  // producer: one thread issues every copy
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (tid == 0) {
+      int i = 0;  // K/V tiles issued so far (the stage ring runs on across items)
+      for (int j = item_first, k = 0; j < n_items; j += item_step, ++k) {
+      int qt, h0;
+      item_at(j, qt, h0);
+      const int kvh = h0 / group;
+      const KVHeadMeta m = meta[kvh];
+      PairIter it{UnionIter{make_tile_list(m, xattn, h0, qt, n_keys, block),
+                            make_tile_list(m, xattn, h0 + 1, qt, n_keys, block)}};
+      if (k > 0) mbar_wait(bar_qe, (k - 1) & 1);  // the previous item's Q is no longer read
       mbar_expect_tx(bar_q, 2 * kQBytes);
       for (int w = 0; w < 2; ++w)
         for (int hf = 0; hf < kHalves; ++hf)
           tma_load_3d(sQ + w * kQBytes + hf * (kBM * 128), &tmQ, hf * 64, h0 + w, qt * kBM - pos0, bar_q);
       int tile, m4;
-      for (int i = 0; it.next(tile, m4); ++i) {
+      for (; it.next(tile, m4); ++i) {
         const int s = i % kStages;
         if (i >= kStages) mbar_wait(bar_em(s), ((i / kStages) - 1) & 1);
         mbar_expect_tx(bar_fk(s), kTileBytes);
@@ -551,13 +573,22 @@ __global__ void __launch_bounds__(384, 1)
             tma_load_3d(sV + s * kTileBytes + hf * (kWN * 128) + rh * 8192, &tmV, hf * 64, kvh, tile * kWN + rh * 64,
                         bar_fv(s));
       }
+      }
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     // Consumer warpgroup: head h, rows warp_in_wg * 16 + g (+ 8) of the query tile.
-    const int w = wg - 1, h = h0 + w;
-    const int g = lane / 4, t4 = lane % 4;
+    const int w = wg - 1, g = lane / 4, t4 = lane % 4;
+    int i0 = 0;  // K/V tiles consumed before this item (the stage ring's position)
+    for (int j = item_first, k = 0; j < n_items; j += item_step, ++k) {
+    int qt, h0;
+    item_at(j, qt, h0);
+    const KVHeadMeta m = meta[h0 / group];
+    PairIter it{UnionIter{make_tile_list(m, xattn, h0, qt, n_keys, block),
+                          make_tile_list(m, xattn, h0 + 1, qt, n_keys, block)}};
+    const int h = h0 + w;
     const int row_pos0 = qt * kBM + warp_in_wg * 16 + g;
+    int n_steps = 0;  // K/V tiles of this item
     const uint32_t myQ = sQ + w * kQBytes;
     float o[HD / 8][4];
 #pragma unroll
@@ -568,13 +599,13 @@ __global__ void __launch_bounds__(384, 1)
     for (int j = 0; j < kWN / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
     uint32_t pa[kWN / 16][4];
     float corr[2];
-    mbar_wait(bar_q, 0);
+    mbar_wait(bar_q, k & 1);
 
     if (m.mode == 2 && xattn.blocks != nullptr) {
       // XAttn: the two heads' lists differ; walk their union, compute own tiles only (no overlap of steps).
       int tile, m4;
-      for (int i = 0; it.next(tile, m4); ++i) {
-        const int s = i % kStages;
+      for (int ii = 0; it.next(tile, m4); ++ii, ++n_steps) {
+        const int i = i0 + ii, s = i % kStages;
         const uint32_t parity = (i / kStages) & 1;
         const int valid = head_valid(m4, w);
         mbar_wait(bar_fk(s), parity);
@@ -612,14 +643,15 @@ __global__ void __launch_bounds__(384, 1)
       if (it.next(tile, m4)) {
         if (w == 1) pass_turn();
         my_turn();
-        mbar_wait(bar_fk(0), 0);
-        issue_s<HD>(sacc, myQ, sK);
+        mbar_wait(bar_fk(i0 % kStages), (i0 / kStages) & 1);
+        issue_s<HD>(sacc, myQ, sK + (i0 % kStages) * kTileBytes);
         pass_turn();
         wgmma_wait<0>();
         fence_regs<kWN / 2>(&sacc[0][0]);
         softmax_step(sacc, tile, head_valid(m4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
         to_bf16_frags(sacc, pa);
-        for (int i = 0;; ++i) {
+        for (int i = i0;; ++i) {
+          ++n_steps;
           const int s = i % kStages, sn = (i + 1) % kStages;
           int ntile, nm4;
           const bool has_next = it.next(ntile, nm4);
@@ -644,6 +676,11 @@ __global__ void __launch_bounds__(384, 1)
       }
     }
 
+    // Every product that read Q has completed (each step waited for its wgmma): the producer may load the next Q.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_qe);
+    i0 += n_steps;
+
     const size_t ldq = static_cast<size_t>(Hq) * HD;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -660,6 +697,7 @@ __global__ void __launch_bounds__(384, 1)
       if (lse != nullptr && t4 == 0)
         lse[static_cast<size_t>(h) * T + t] = l > 0.f ? (row_m[rr] + log2f(l)) * 0.69314718055994531f : -INFINITY;
     }
+    }  // items
   }
 }
 
@@ -689,12 +727,13 @@ CUtensorMap make_map(const void* ptr, int hd, int heads, int rows) {
   return map;
 }
 
-template <int HD, bool kPingpong>
+template <int HD, bool kPingpong, bool kPersistent>
 void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
   const int smem = 2 * kBM * HD * 2 + 2 * kStages * kWN * HD * 2 + 1024;  // Q tiles, K/V stages, alignment
   static bool configured = false;
   if (!configured) {
-    ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_wgmma<HD, kPingpong>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_wgmma<HD, kPingpong, kPersistent>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
   const CUtensorMap mq = make_map(p.q, HD, p.n_heads, p.T);
@@ -703,7 +742,16 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
   const int qt0 = p.pos0 / kBM, qt1 = (p.pos0 + p.T - 1) / kBM, n_qtiles = qt1 - qt0 + 1;
   const float scale_log2 = 1.f / std::sqrt(static_cast<float>(HD)) * 1.4426950408889634f;
   dim3 grid(n_qtiles, p.n_heads / 2);
-  attn_fwd_wgmma<HD, kPingpong><<<grid, 384, smem, stream>>>(mq, mk, mv, reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T,
+  if (kPersistent) {  // one CTA per SM (the kernel's shared memory allows one), never more than the work items
+    static int n_sm = 0;
+    if (n_sm == 0) {
+      int dev = 0;
+      ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
+      ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    }
+    grid = dim3(std::min(n_qtiles * (p.n_heads / 2), n_sm), 1);
+  }
+  attn_fwd_wgmma<HD, kPingpong, kPersistent><<<grid, 384, smem, stream>>>(mq, mk, mv, reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T,
                                                   p.pos0, p.n_heads, p.n_kv_heads, p.block, p.meta, p.xattn, n_qtiles,
                                                   scale_log2);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
@@ -735,13 +783,15 @@ void hybrid_attention_fwd(const HybridAttnParams& p, cudaStream_t stream) {
   if (p.head_dim != 64 && p.head_dim != 128) bad("head_dim must be 64 or 128 (got " + std::to_string(p.head_dim) + ")");
   const bool even_group = (p.n_heads / p.n_kv_heads) % 2 == 0;
   if (p.kernel == AttnKernel::Wgmma && !even_group) bad("the wgmma kernel needs an even number of query heads per KV head");
-  if (p.kernel == AttnKernel::WgmmaNoPingpong && !even_group)
+  if ((p.kernel == AttnKernel::WgmmaNoPingpong || p.kernel == AttnKernel::WgmmaPersistent) && !even_group)
     bad("the wgmma kernel needs an even number of query heads per KV head");
   const bool wgmma = p.kernel == AttnKernel::Wgmma || (p.kernel == AttnKernel::Auto && even_group);
   if (wgmma)
-    p.head_dim == 64 ? launch_wgmma<64, true>(p, stream) : launch_wgmma<128, true>(p, stream);
+    p.head_dim == 64 ? launch_wgmma<64, true, false>(p, stream) : launch_wgmma<128, true, false>(p, stream);
+  else if (p.kernel == AttnKernel::WgmmaPersistent)
+    p.head_dim == 64 ? launch_wgmma<64, true, true>(p, stream) : launch_wgmma<128, true, true>(p, stream);
   else if (p.kernel == AttnKernel::WgmmaNoPingpong)
-    p.head_dim == 64 ? launch_wgmma<64, false>(p, stream) : launch_wgmma<128, false>(p, stream);
+    p.head_dim == 64 ? launch_wgmma<64, false, false>(p, stream) : launch_wgmma<128, false, false>(p, stream);
   else
     p.head_dim == 64 ? launch_simple<64>(p, stream) : launch_simple<128>(p, stream);
 }

@@ -160,18 +160,20 @@ void run_prefill_case_with(const Case& c, cuda::AttnKernel kernel) {
   }
   const char* kname = kernel == cuda::AttnKernel::Wgmma             ? "wgmma"
                       : kernel == cuda::AttnKernel::WgmmaNoPingpong ? "wgmma-no-pingpong"
+                      : kernel == cuda::AttnKernel::WgmmaPersistent ? "wgmma-persistent"
                                                                     : "simple";
   EXPECT_EQ(bad, 0u) << kname << ": unwritten or non-finite outputs";
   EXPECT_LT(std::sqrt(err2 / ref2), 1e-2) << kname << ": relative L2 error of out";
   EXPECT_LT(lse_err, 2e-2) << kname << ": max |lse - cpu lse|";
 }
 
-// Every case through the simple kernel, and through both wgmma variants where the GQA group is even (fresh inputs).
+// Every case through the simple kernel, and through the wgmma variants where the GQA group is even (fresh inputs).
 void run_prefill_case(const Case& c) {
   run_prefill_case_with(c, cuda::AttnKernel::Simple);
   if ((c.Hq / c.Hkv) % 2 == 0) {
     run_prefill_case_with(c, cuda::AttnKernel::Wgmma);
     run_prefill_case_with(c, cuda::AttnKernel::WgmmaNoPingpong);
+    run_prefill_case_with(c, cuda::AttnKernel::WgmmaPersistent);
   }
 }
 
@@ -187,6 +189,11 @@ TEST(CudaHybridAttention, MixedRoutingHd64Group1Block128) {
   run_prefill_case({517, 0, 4, 4, 64, 128, 100, 200, {S, X, F, X}, 2.f});
 }
 TEST(CudaHybridAttention, FullGqa2Hd64Long) { run_prefill_case({1500, 0, 4, 2, 64, 64, 128, 256, {F, F}}); }
+// 64 query tiles x 8 head pairs = 512 work items: the persistent kernel's CTAs each walk several items (the stage
+// ring and the Q buffer carry over), with full, streaming and XAttn heads mixed.
+TEST(CudaHybridAttention, ManyItemsPerSm) {
+  run_prefill_case({4096, 0, 16, 8, 64, 64, 128, 512, {F, S, F, X, S, F, X, F}, 2.f});
+}
 TEST(CudaHybridAttention, AllStreamingNoSink) { run_prefill_case({450, 0, 8, 2, 64, 64, 0, 64, {S, S}}); }
 TEST(CudaHybridAttention, ChunkedPrefillAligned) {
   run_prefill_case({300, 256, 8, 2, 128, 64, 64, 128, {X, S}, 2.f});
