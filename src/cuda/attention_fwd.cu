@@ -493,8 +493,8 @@ __device__ __forceinline__ int head_valid(int m4, int w) { return ((m4 >> w) & 1
 
 // kPersistent: one CTA per SM walks work items (query tile, head pair) j = blockIdx.x, + gridDim.x, ... in the order
 // latest query tile first across all head pairs (longest first), so the K/V stage ring and the Q buffer carry over
-// from one item to the next: the producer loads the next item's tiles while the consumers finish the current one
-// (its last products and its epilogue) instead of the SM idling between CTAs.
+// from one item to the next. The producer waits until the consumers' last products of an item have completed (Q is
+// single-buffered), then loads the next Q and K/V while they run the epilogue: only the epilogue overlaps so far.
 template <int HD, bool kPingpong, bool kPersistent>
 __global__ void __launch_bounds__(384, 1)
     attn_fwd_wgmma(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,

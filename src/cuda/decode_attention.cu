@@ -45,8 +45,8 @@ __device__ __forceinline__ int cache_slot(const DecodeKVHead& hk, int j) {
   return hk.ring_slots == 0 || j < hk.sink_slots ? j : hk.sink_slots + (j - hk.sink_slots) % hk.ring_slots;
 }
 
-// GM: the largest group this instance handles (4, 8 or 16; G <= GM), so accumulators and shared arrays are sized
-// for the model's group, not for 16.
+// GM: the largest group this instance handles (4, 8 or 16), so accumulators and shared arrays are sized for the
+// model's group, not for 16. The caller must pick GM >= G (launch() does): the shared arrays have GM rows.
 template <int HD, int GM>
 __global__ void __launch_bounds__(kThreads)
     decode_partial(const __nv_bfloat16* __restrict__ q, const DecodeKVHead* __restrict__ heads, int n_pos_arg,

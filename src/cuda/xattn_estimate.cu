@@ -250,15 +250,19 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kWarps = kThreads / 32;
   const int D = S * HD, LDA = D + 8;  // +8 bf16 per row: the 32-bit fragment loads of 8 rows hit different banks
   const int M = G * rb, i0 = qb * rb, n_rows = min(rb, R - i0), n_cols = i0 + n_rows;
-  const size_t a_bytes = static_cast<size_t>(16) * LDA * 2;
+  int n_keys = 1;  // select_blocks sorts a power of two >= its candidates (< nb)
+  while (n_keys < nb) n_keys <<= 1;
+  // The query tile's space later holds the selection scratch (keys, then flags): the floats start after the larger
+  // of the two, exactly as mma_smem_bytes counts.
+  const size_t a_bytes = (max(static_cast<size_t>(16) * LDA * 2,
+                              sizeof(unsigned long long) * n_keys + sizeof(int) * static_cast<size_t>(nb)) + 15) &
+                         ~size_t(15);
   uint16_t* sa = reinterpret_cast<uint16_t*>(smem);             // [16, LDA] bf16 query rows
   float* L = reinterpret_cast<float*>(smem + a_bytes);          // [16, nb] log-sum-exp per (row, key block)
   float* bs = L + 16 * nb;                                      // [nb] block mass of the current head
   float* stile = bs + nb;                                       // [kWarps][16][16] score staging
   float* rowlse = stile + kWarps * 256;                         // [16]
-  // After the scores, the query tile's space holds the selection scratch (keys, then flags).
-  int n_keys = 1;  // select_blocks sorts a power of two >= its candidates (< nb)
-  while (n_keys < nb) n_keys <<= 1;
+  // After the scores, the query tile's space holds the selection scratch (keys, then flags; see a_bytes).
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem);
   int* flag = reinterpret_cast<int*>(smem + sizeof(unsigned long long) * static_cast<size_t>(n_keys));
 
