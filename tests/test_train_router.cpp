@@ -84,6 +84,18 @@ TEST(TrainData, FitKeepsBoundariesAndAnswer) {
   EXPECT_EQ(e.input_ids.back(), 99);
 }
 
+TEST(TrainLog, SaturationWarningOnlyForEarlyClosedGates) {
+  StepLog s;
+  s.step = 10;
+  s.open = 0.01;
+  EXPECT_NE(saturation_warning(s, 100, 5e-3).find("lower --lr"), std::string::npos);
+  s.step = 60;  // late in the run: saturation is expected
+  EXPECT_EQ(saturation_warning(s, 100, 5e-3), "");
+  s.step = 10;
+  s.open = 0.3;
+  EXPECT_EQ(saturation_warning(s, 100, 5e-3), "");
+}
+
 TEST(TrainData, BuiltinMixCoversEveryTaskAtEveryLength) {
   const auto mix = builtin_train_mix(nullptr, 512, 24, {160, 240}, 3);
   ASSERT_EQ(mix.size(), 24u);
@@ -379,6 +391,7 @@ TEST(TrainRouterDataParallel, RanksEqualOneRankWithTheSameGlobalBatch) {
       EXPECT_NEAR(logs[0][i].lm, one[i].lm, 1e-5 * std::abs(one[i].lm)) << world << " ranks, step " << i + 1;
       EXPECT_NEAR(logs[0][i].reg, one[i].reg, 1e-5 + 1e-5 * std::abs(one[i].reg));
       for (auto& [cls, v] : one[i].msr) EXPECT_NEAR(logs[0][i].msr[cls], v, 1e-6) << cls;
+      EXPECT_DOUBLE_EQ(logs[0][i].open, one[i].open) << world << " ranks, step " << i + 1;  // counts: exact
     }
     for (int r = 0; r < world; ++r) {
       ASSERT_EQ(out[r].params.size(), ref.params.size());

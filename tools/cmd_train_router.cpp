@@ -159,11 +159,14 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       data.insert(data.end(), part.begin(), part.end());
     }
     std::vector<StepLog> logs;
+    bool warned = false;
     Router r = train_router(
         m, data, to,
         [&](const StepLog& s) {
           logs.push_back(s);
           std::fprintf(stderr, "%s\n", format_step_line(s, to.steps).c_str());
+          const std::string w = warned ? "" : saturation_warning(s, to.steps, to.lr);
+          if (!w.empty()) std::fprintf(stderr, "%s\n", w.c_str()), warned = true;
         },
         runner, comm.get());
     if (rank != 0) return;  // rank 0 writes the router, the log and the plots

@@ -95,6 +95,9 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data, const
                     const std::function<void(const StepLog&)>& on_step = {}, const StepRunnerFactory& runner = {},
                     Communicator* comm = nullptr);
 std::string format_step_line(const StepLog& s, int steps);
+// A warning when the gates have saturated early: under 2% open gates in the first half of the steps (the routing is
+// then frozen for the rest of the run; a lower learning rate keeps gates trainable). Empty otherwise.
+std::string saturation_warning(const StepLog& s, int steps, double lr);
 
 // Writes the curves of a training log (lm loss, regularizer, Omega per class, tau) as SVG line charts:
 // <prefix>_loss.svg and <prefix>_sparsity.svg.

@@ -49,6 +49,16 @@ std::string format_step_line(const StepLog& s, int steps) {
   return line + buf;
 }
 
+std::string saturation_warning(const StepLog& s, int steps, double lr) {
+  if (s.open >= 0.02 || 2 * s.step > steps) return "";
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "warning: step %d of %d: only %.1f%% of the gates are still open (FULL probability in [0.05, 0.95]); "
+                "the routing is freezing early. A lower --lr (now %g) keeps the gates trainable longer.",
+                s.step, steps, 100.0 * s.open, lr);
+  return buf;
+}
+
 Router train_router(const Model& m, const std::vector<TrainExample>& data_in, const TrainOptions& o,
                     const std::function<void(const StepLog&)>& on_step, const StepRunnerFactory& runner,
                     Communicator* comm) {
