@@ -23,36 +23,38 @@ def load(path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--length", default="1024", help="prompt length, or a comma list (cells pool the lengths)")
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--tasks", default="")
     ap.add_argument("--against", default="", help="reference method for paired differences, e.g. full")
     ap.add_argument("files", nargs="+")
     a = ap.parse_args()
+    lengths = [int(x) for x in a.length.split(",")]
+    per_cell = a.samples * len(lengths)
     cells = collections.defaultdict(dict)  # (method, task) -> sample -> (score, msr)
     classes = {}  # task -> task class
     for spec in a.files:
         label, path = spec.split("=", 1) if "=" in spec else ("", spec)
         for r in load(path):
-            if r["length"] != a.length or r["sample"] >= a.samples:
+            if r["length"] not in lengths or r["sample"] >= a.samples:
                 continue
             m = r["method"] + (f" ({label})" if label else "")
-            cells[(m, r["task"])][r["sample"]] = (r["score"], r["msr"])
+            cells[(m, r["task"])][(r["length"], r["sample"])] = (r["score"], r["msr"])
             classes[r["task"]] = r.get("class", r.get("task_class", ""))
     tasks = a.tasks.split(",") if a.tasks else sorted({t for _, t in cells})
     methods = sorted({m for m, _ in cells})
     # Only tasks every method has all samples of, so every mean is over the same prompts.
-    tasks = [t for t in tasks if all(len(cells.get((m, t), {})) == a.samples for m in methods)]
+    tasks = [t for t in tasks if all(len(cells.get((m, t), {})) == per_cell for m in methods)]
     print("| method | Omega_MSR | " + " | ".join(tasks) + " | mean |")
     print("|---|---:|" + "---:|" * (len(tasks) + 1))
     rows = []
     for m in methods:
-        scores = [sum(s for s, _ in cells[(m, t)].values()) / a.samples for t in tasks]
-        msr = sum(x for t in tasks for _, x in cells[(m, t)].values()) / (a.samples * len(tasks))
+        scores = [sum(s for s, _ in cells[(m, t)].values()) / per_cell for t in tasks]
+        msr = sum(x for t in tasks for _, x in cells[(m, t)].values()) / (per_cell * len(tasks))
         rows.append((msr, m, scores))
     for msr, m, scores in sorted(rows):
         print(f"| {m} | {msr:.3f} | " + " | ".join(f"{s:.1f}" for s in scores) + f" | {sum(scores) / len(scores):.1f} |")
-    print(f"\n{a.samples} samples per cell at {a.length} tokens; tasks: {', '.join(tasks)}")
+    print(f"\n{a.samples} samples per task and length at {a.length} tokens; tasks: {', '.join(tasks)}")
     if a.against:
         if a.against not in methods:
             raise SystemExit(f"--against {a.against}: no such method (have {', '.join(methods)})")
