@@ -28,6 +28,20 @@ namespace {
 
 constexpr int kThreads = 256;
 
+__host__ __device__ inline int pow2_at_least(int n) {
+  int p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+// The tensor-core kernel's shared memory starts with the query tile [16, D + 8] bf16, whose space later holds the
+// selection scratch (pow2_at_least(nb) sort keys, then nb flags); its floats start after the larger of the two.
+__host__ __device__ inline size_t mma_float_offset(int D, int nb) {
+  const size_t tile = static_cast<size_t>(16) * (D + 8) * 2,
+               scratch = sizeof(unsigned long long) * pow2_at_least(nb) + sizeof(int) * static_cast<size_t>(nb);
+  return ((tile > scratch ? tile : scratch) + 15) & ~size_t(15);
+}
+
 // Steps 4-5 for one (query head h, query block qb), all kThreads threads: greedy selection over the block masses
 // bs[0..qb] and the ascending write of the selected blocks. keys: [pow2 >= qb - 1] scratch; flag: [qb + 1] scratch.
 __device__ void select_blocks(const float* bs, int qb, int nb, float tau, unsigned long long* keys, int* flag, int h,
@@ -35,8 +49,7 @@ __device__ void select_blocks(const float* bs, int qb, int nb, float tau, unsign
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Candidates kb in [1, qb): key = mass bits (non-negative floats order as integers) : ~kb (lower kb first).
   const int n_cand = max(0, qb - 1);
-  int N = 1;
-  while (N < n_cand) N <<= 1;
+  const int N = pow2_at_least(n_cand);
   for (int i = tid; i < N; i += kThreads) {
     unsigned long long key = 0ull;
     if (i < n_cand) {
@@ -250,13 +263,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kWarps = kThreads / 32;
   const int D = S * HD, LDA = D + 8;  // +8 bf16 per row: the 32-bit fragment loads of 8 rows hit different banks
   const int M = G * rb, i0 = qb * rb, n_rows = min(rb, R - i0), n_cols = i0 + n_rows;
-  int n_keys = 1;  // select_blocks sorts a power of two >= its candidates (< nb)
-  while (n_keys < nb) n_keys <<= 1;
-  // The query tile's space later holds the selection scratch (keys, then flags): the floats start after the larger
-  // of the two, exactly as mma_smem_bytes counts.
-  const size_t a_bytes = (max(static_cast<size_t>(16) * LDA * 2,
-                              sizeof(unsigned long long) * n_keys + sizeof(int) * static_cast<size_t>(nb)) + 15) &
-                         ~size_t(15);
+  const int n_keys = pow2_at_least(nb);  // select_blocks sorts a power of two >= its candidates (< nb)
+  const size_t a_bytes = mma_float_offset(D, nb);
   uint16_t* sa = reinterpret_cast<uint16_t*>(smem);             // [16, LDA] bf16 query rows
   float* L = reinterpret_cast<float*>(smem + a_bytes);          // [16, nb] log-sum-exp per (row, key block)
   float* bs = L + 16 * nb;                                      // [nb] block mass of the current head
@@ -360,11 +368,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // Shared memory of the tensor-core kernel: the query tile (reused for the selection scratch), L, bs, staging, rowlse.
 size_t mma_smem_bytes(int D, int nb) {
-  int N = 1;
-  while (N < nb) N <<= 1;
-  const size_t a = std::max(static_cast<size_t>(16) * (D + 8) * 2,
-                            sizeof(unsigned long long) * N + sizeof(int) * static_cast<size_t>(nb));
-  return ((a + 15) & ~size_t(15)) + 4 * (static_cast<size_t>(16) * nb + nb + (kThreads / 32) * 256 + 16);
+  return mma_float_offset(D, nb) + 4 * (static_cast<size_t>(16) * nb + nb + (kThreads / 32) * 256 + 16);
 }
 
 void bad(const std::string& what) { throw std::invalid_argument("xattn_estimate_cuda: " + what); }
@@ -394,8 +398,7 @@ void launch(const XAttnEstimateParams& p, cudaStream_t stream) {
     return;
   }
   const int n_cols_max = nb * rb;
-  int N = 1;
-  while (N < nb) N <<= 1;
+  const int N = pow2_at_least(nb);
   const size_t n_floats = static_cast<size_t>(rb) * p.stride * HD + static_cast<size_t>(rb) * n_cols_max + nb;
   const size_t smem = ((n_floats * 4 + 15) & ~size_t(15)) + sizeof(unsigned long long) * N;
   if (smem > limit)
