@@ -209,56 +209,30 @@ int main(int argc, char** argv) {
                   share_t, share_t / share_p);
       std::fflush(stdout);
     };
-    {  // all full
-      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mf));
-      const auto p = base(d);
-      t_full = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
-      double pr = 0;
-      for (int h = 0; h < Hq; ++h) pr += pairs_head(mf, T, B, nullptr, nullptr, nullptr, h, nb);
-      pairs_full = pr;
-      row("full", 0.0, t_full, pr);
-      ELASTIC_CUDA_CHECK(cudaFree(d));
-    }
-    {  // all full through the wgmma kernel without pingpong scheduling, for comparison
-      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mf));
+    // One layer with every KV head routed alike (hm), through kernel k: ms per layer; and its computed pairs.
+    auto uniform_ms = [&](const KVHeadMeta& hm, AttnKernel k) {
+      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, hm));
       auto p = base(d);
-      p.kernel = AttnKernel::WgmmaNoPingpong;
+      p.kernel = k;
       const double t = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
-      row("full (wgmma, no pingpong)", 0.0, t, pairs_full);
       ELASTIC_CUDA_CHECK(cudaFree(d));
-    }
-    {  // all full through the persistent wgmma kernel (one CTA per SM walking tiles longest first)
-      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mf));
-      auto p = base(d);
-      p.kernel = AttnKernel::WgmmaPersistent;
-      const double t = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
-      row("full (wgmma, persistent)", 0.0, t, pairs_full);
-      ELASTIC_CUDA_CHECK(cudaFree(d));
-      KVHeadMeta* ds = upload_meta(std::vector<KVHeadMeta>(Hkv, ms));
-      auto ps = base(ds);
-      ps.kernel = AttnKernel::WgmmaPersistent;
+      return t;
+    };
+    auto uniform_pairs = [&](const KVHeadMeta& hm) {
       double pr = 0;
-      for (int h = 0; h < Hq; ++h) pr += pairs_head(ms, T, B, nullptr, nullptr, nullptr, h, nb);
-      row("ssa (wgmma, persistent)", 1.0, timer.median_ms([&] { hybrid_attention_fwd(ps, nullptr); }, reps), pr);
-      ELASTIC_CUDA_CHECK(cudaFree(ds));
-    }
-    {  // all full through the simple (mma.sync) kernel, for comparison
-      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mf));
-      auto p = base(d);
-      p.kernel = AttnKernel::Simple;
-      const double t = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
-      row("full (simple kernel)", 0.0, t, pairs_full);
-      ELASTIC_CUDA_CHECK(cudaFree(d));
-    }
-    {  // all streaming
-      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, ms));
-      const auto p = base(d);
-      const double t = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
-      double pr = 0;
-      for (int h = 0; h < Hq; ++h) pr += pairs_head(ms, T, B, nullptr, nullptr, nullptr, h, nb);
-      row("ssa", 1.0, t, pr);
-      ELASTIC_CUDA_CHECK(cudaFree(d));
-    }
+      for (int h = 0; h < Hq; ++h) pr += pairs_head(hm, T, B, nullptr, nullptr, nullptr, h, nb);
+      return pr;
+    };
+    t_full = uniform_ms(mf, AttnKernel::Auto);
+    pairs_full = uniform_pairs(mf);
+    row("full", 0.0, t_full, pairs_full);
+    const double pairs_ssa = uniform_pairs(ms);
+    // The other kernels on the same input, for comparison (the persistent one also on all-streaming layers).
+    row("full (wgmma, no pingpong)", 0.0, uniform_ms(mf, AttnKernel::WgmmaNoPingpong), pairs_full);
+    row("full (wgmma, persistent)", 0.0, uniform_ms(mf, AttnKernel::WgmmaPersistent), pairs_full);
+    row("ssa (wgmma, persistent)", 1.0, uniform_ms(ms, AttnKernel::WgmmaPersistent), pairs_ssa);
+    row("full (simple kernel)", 0.0, uniform_ms(mf, AttnKernel::Simple), pairs_full);
+    row("ssa", 1.0, uniform_ms(ms, AttnKernel::Auto), pairs_ssa);
     if (T <= xattn_max_T) {  // all XAttention: estimation on the GPU, then the sparse forward
       KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mx));
       const int64_t cap = xattn_list_capacity(Hq, nb);
