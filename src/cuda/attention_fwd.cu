@@ -529,6 +529,11 @@ __global__ void __launch_bounds__(384, 1)
       h0 = blockIdx.y * 2;
     }
   };
+  // An item's 128-key tiles: the union of both heads' lists (producer and consumers walk the same sequence).
+  auto tiles_of = [&](const KVHeadMeta& m, int qt, int h0) {
+    return PairIter{UnionIter{make_tile_list(m, xattn, h0, qt, n_keys, block),
+                              make_tile_list(m, xattn, h0 + 1, qt, n_keys, block)}};
+  };
 
   if (tid == 0) {
     mbar_init(bar_q, 1);
@@ -547,32 +552,31 @@ __global__ void __launch_bounds__(384, 1)
     if (tid == 0) {
       int i = 0;  // K/V tiles issued so far (the stage ring runs on across items)
       for (int j = item_first, k = 0; j < n_items; j += item_step, ++k) {
-      int qt, h0;
-      item_at(j, qt, h0);
-      const int kvh = h0 / group;
-      const KVHeadMeta m = meta[kvh];
-      PairIter it{UnionIter{make_tile_list(m, xattn, h0, qt, n_keys, block),
-                            make_tile_list(m, xattn, h0 + 1, qt, n_keys, block)}};
-      if (k > 0) mbar_wait(bar_qe, (k - 1) & 1);  // the previous item's Q is no longer read
-      mbar_expect_tx(bar_q, 2 * kQBytes);
-      for (int w = 0; w < 2; ++w)
-        for (int hf = 0; hf < kHalves; ++hf)
-          tma_load_3d(sQ + w * kQBytes + hf * (kBM * 128), &tmQ, hf * 64, h0 + w, qt * kBM - pos0, bar_q);
-      int tile, m4;
-      for (; it.next(tile, m4); ++i) {
-        const int s = i % kStages;
-        if (i >= kStages) mbar_wait(bar_em(s), ((i / kStages) - 1) & 1);
-        mbar_expect_tx(bar_fk(s), kTileBytes);
-        for (int hf = 0; hf < kHalves; ++hf)
-          for (int rh = 0; rh < kWN / 64; ++rh)
-            tma_load_3d(sK + s * kTileBytes + hf * (kWN * 128) + rh * 8192, &tmK, hf * 64, kvh, tile * kWN + rh * 64,
-                        bar_fk(s));
-        mbar_expect_tx(bar_fv(s), kTileBytes);
-        for (int hf = 0; hf < kHalves; ++hf)
-          for (int rh = 0; rh < kWN / 64; ++rh)
-            tma_load_3d(sV + s * kTileBytes + hf * (kWN * 128) + rh * 8192, &tmV, hf * 64, kvh, tile * kWN + rh * 64,
-                        bar_fv(s));
-      }
+        int qt, h0;
+        item_at(j, qt, h0);
+        const int kvh = h0 / group;
+        const KVHeadMeta m = meta[kvh];
+        PairIter it = tiles_of(m, qt, h0);
+        if (k > 0) mbar_wait(bar_qe, (k - 1) & 1);  // the previous item's Q is no longer read
+        mbar_expect_tx(bar_q, 2 * kQBytes);
+        for (int w = 0; w < 2; ++w)
+          for (int hf = 0; hf < kHalves; ++hf)
+            tma_load_3d(sQ + w * kQBytes + hf * (kBM * 128), &tmQ, hf * 64, h0 + w, qt * kBM - pos0, bar_q);
+        int tile, m4;
+        for (; it.next(tile, m4); ++i) {
+          const int s = i % kStages;
+          if (i >= kStages) mbar_wait(bar_em(s), ((i / kStages) - 1) & 1);
+          mbar_expect_tx(bar_fk(s), kTileBytes);
+          for (int hf = 0; hf < kHalves; ++hf)
+            for (int rh = 0; rh < kWN / 64; ++rh)
+              tma_load_3d(sK + s * kTileBytes + hf * (kWN * 128) + rh * 8192, &tmK, hf * 64, kvh, tile * kWN + rh * 64,
+                          bar_fk(s));
+          mbar_expect_tx(bar_fv(s), kTileBytes);
+          for (int hf = 0; hf < kHalves; ++hf)
+            for (int rh = 0; rh < kWN / 64; ++rh)
+              tma_load_3d(sV + s * kTileBytes + hf * (kWN * 128) + rh * 8192, &tmV, hf * 64, kvh, tile * kWN + rh * 64,
+                          bar_fv(s));
+        }
       }
     }
   } else {
@@ -581,122 +585,121 @@ __global__ void __launch_bounds__(384, 1)
     const int w = wg - 1, g = lane / 4, t4 = lane % 4;
     int i0 = 0;  // K/V tiles consumed before this item (the stage ring's position)
     for (int j = item_first, k = 0; j < n_items; j += item_step, ++k) {
-    int qt, h0;
-    item_at(j, qt, h0);
-    const KVHeadMeta m = meta[h0 / group];
-    PairIter it{UnionIter{make_tile_list(m, xattn, h0, qt, n_keys, block),
-                          make_tile_list(m, xattn, h0 + 1, qt, n_keys, block)}};
-    const int h = h0 + w;
-    const int row_pos0 = qt * kBM + warp_in_wg * 16 + g;
-    int n_steps = 0;  // K/V tiles of this item
-    const uint32_t myQ = sQ + w * kQBytes;
-    float o[HD / 8][4];
+      int qt, h0;
+      item_at(j, qt, h0);
+      const KVHeadMeta m = meta[h0 / group];
+      PairIter it = tiles_of(m, qt, h0);
+      const int h = h0 + w;
+      const int row_pos0 = qt * kBM + warp_in_wg * 16 + g;
+      int n_steps = 0;  // K/V tiles of this item
+      const uint32_t myQ = sQ + w * kQBytes;
+      float o[HD / 8][4];
 #pragma unroll
-    for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
-    float sacc[kWN / 8][4];
+      for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+      float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
+      float sacc[kWN / 8][4];
 #pragma unroll
-    for (int j = 0; j < kWN / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
-    uint32_t pa[kWN / 16][4];
-    float corr[2];
-    mbar_wait(bar_q, k & 1);
+      for (int j = 0; j < kWN / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
+      uint32_t pa[kWN / 16][4];
+      float corr[2];
+      mbar_wait(bar_q, k & 1);
 
-    if (m.mode == 2 && xattn.blocks != nullptr) {
-      // XAttn: the two heads' lists differ; walk their union, compute own tiles only (no overlap of steps).
-      int tile, m4;
-      for (int ii = 0; it.next(tile, m4); ++ii, ++n_steps) {
-        const int i = i0 + ii, s = i % kStages;
-        const uint32_t parity = (i / kStages) & 1;
-        const int valid = head_valid(m4, w);
-        mbar_wait(bar_fk(s), parity);
-        if (valid) {
-          issue_s<HD>(sacc, myQ, sK + s * kTileBytes);
-          wgmma_wait<0>();
-          fence_regs<kWN / 2>(&sacc[0][0]);
-          softmax_step(sacc, tile, valid, qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
-          rescale<HD>(o, corr);
-          to_bf16_frags(sacc, pa);
-        }
-        mbar_wait(bar_fv(s), parity);
-        if (valid) {
-          issue_pv<HD>(o, pa, sV + s * kTileBytes);
-          wgmma_wait<0>();
-          fence_regs<HD / 2>(&o[0][0]);
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_em(s));
-      }
-    } else {
-      // Both heads visit the same tiles. Per step: O += P_i V_i and S_{i+1} = Q K_{i+1}^T go to the tensor cores
-      // back to back (one wait for both), then the softmax of S_{i+1}. (Overlapping that softmax with P_i V_i
-      // needs a wait_group 1, which ptxas answers by serializing every wgmma: C7514.)
-      // Pingpong: the two consumer warpgroups take turns issuing their matrix work (named barriers 1 and 2), so one's
-      // softmax runs while the other's products occupy the tensor cores. Warpgroup 0 goes first; warpgroup 1 skips
-      // its arrival after its last turn so every barrier phase completes.
-      auto my_turn = [&] {
-        if (kPingpong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + w) : "memory");
-      };
-      auto pass_turn = [&] {
-        if (kPingpong) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - w) : "memory");
-      };
-      int tile, m4;
-      if (it.next(tile, m4)) {
-        if (w == 1) pass_turn();
-        my_turn();
-        mbar_wait(bar_fk(i0 % kStages), (i0 / kStages) & 1);
-        issue_s<HD>(sacc, myQ, sK + (i0 % kStages) * kTileBytes);
-        pass_turn();
-        wgmma_wait<0>();
-        fence_regs<kWN / 2>(&sacc[0][0]);
-        softmax_step(sacc, tile, head_valid(m4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
-        to_bf16_frags(sacc, pa);
-        for (int i = i0;; ++i) {
-          ++n_steps;
-          const int s = i % kStages, sn = (i + 1) % kStages;
-          int ntile, nm4;
-          const bool has_next = it.next(ntile, nm4);
-          my_turn();
-          mbar_wait(bar_fv(s), (i / kStages) & 1);
-          issue_pv<HD>(o, pa, sV + s * kTileBytes);
-          if (has_next) {
-            mbar_wait(bar_fk(sn), ((i + 1) / kStages) & 1);
-            issue_s<HD>(sacc, myQ, sK + sn * kTileBytes);
+      if (m.mode == 2 && xattn.blocks != nullptr) {
+        // XAttn: the two heads' lists differ; walk their union, compute own tiles only (no overlap of steps).
+        int tile, m4;
+        for (int ii = 0; it.next(tile, m4); ++ii, ++n_steps) {
+          const int i = i0 + ii, s = i % kStages;
+          const uint32_t parity = (i / kStages) & 1;
+          const int valid = head_valid(m4, w);
+          mbar_wait(bar_fk(s), parity);
+          if (valid) {
+            issue_s<HD>(sacc, myQ, sK + s * kTileBytes);
+            wgmma_wait<0>();
+            fence_regs<kWN / 2>(&sacc[0][0]);
+            softmax_step(sacc, tile, valid, qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+            rescale<HD>(o, corr);
+            to_bf16_frags(sacc, pa);
           }
-          if (has_next || w == 0) pass_turn();
-          wgmma_wait<0>();
-          fence_regs<HD / 2>(&o[0][0]);
-          fence_regs<kWN / 2>(&sacc[0][0]);
+          mbar_wait(bar_fv(s), parity);
+          if (valid) {
+            issue_pv<HD>(o, pa, sV + s * kTileBytes);
+            wgmma_wait<0>();
+            fence_regs<HD / 2>(&o[0][0]);
+          }
           __syncwarp();
-          if (lane == 0) mbar_arrive(bar_em(s));  // K_i and V_i consumed
-          if (!has_next) break;
-          softmax_step(sacc, ntile, head_valid(nm4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
-          rescale<HD>(o, corr);
+          if (lane == 0) mbar_arrive(bar_em(s));
+        }
+      } else {
+        // Both heads visit the same tiles. Per step: O += P_i V_i and S_{i+1} = Q K_{i+1}^T go to the tensor cores
+        // back to back (one wait for both), then the softmax of S_{i+1}. (Overlapping that softmax with P_i V_i
+        // needs a wait_group 1, which ptxas answers by serializing every wgmma: C7514.)
+        // Pingpong: the two consumer warpgroups take turns issuing their matrix work (named barriers 1 and 2), so one's
+        // softmax runs while the other's products occupy the tensor cores. Warpgroup 0 goes first; warpgroup 1 skips
+        // its arrival after its last turn so every barrier phase completes.
+        auto my_turn = [&] {
+          if (kPingpong) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + w) : "memory");
+        };
+        auto pass_turn = [&] {
+          if (kPingpong) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - w) : "memory");
+        };
+        int tile, m4;
+        if (it.next(tile, m4)) {
+          if (w == 1) pass_turn();
+          my_turn();
+          mbar_wait(bar_fk(i0 % kStages), (i0 / kStages) & 1);
+          issue_s<HD>(sacc, myQ, sK + (i0 % kStages) * kTileBytes);
+          pass_turn();
+          wgmma_wait<0>();
+          fence_regs<kWN / 2>(&sacc[0][0]);
+          softmax_step(sacc, tile, head_valid(m4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
           to_bf16_frags(sacc, pa);
+          for (int i = i0;; ++i) {
+            ++n_steps;
+            const int s = i % kStages, sn = (i + 1) % kStages;
+            int ntile, nm4;
+            const bool has_next = it.next(ntile, nm4);
+            my_turn();
+            mbar_wait(bar_fv(s), (i / kStages) & 1);
+            issue_pv<HD>(o, pa, sV + s * kTileBytes);
+            if (has_next) {
+              mbar_wait(bar_fk(sn), ((i + 1) / kStages) & 1);
+              issue_s<HD>(sacc, myQ, sK + sn * kTileBytes);
+            }
+            if (has_next || w == 0) pass_turn();
+            wgmma_wait<0>();
+            fence_regs<HD / 2>(&o[0][0]);
+            fence_regs<kWN / 2>(&sacc[0][0]);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bar_em(s));  // K_i and V_i consumed
+            if (!has_next) break;
+            softmax_step(sacc, ntile, head_valid(nm4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+            rescale<HD>(o, corr);
+            to_bf16_frags(sacc, pa);
+          }
         }
       }
-    }
 
-    // Every product that read Q has completed (each step waited for its wgmma): the producer may load the next Q.
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_qe);
-    i0 += n_steps;
+      // Every product that read Q has completed (each step waited for its wgmma): the producer may load the next Q.
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_qe);
+      i0 += n_steps;
 
-    const size_t ldq = static_cast<size_t>(Hq) * HD;
+      const size_t ldq = static_cast<size_t>(Hq) * HD;
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float l = row_l[rr];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int t = row_pos0 + rr * 8 - pos0;
-      if (t < 0 || t >= T) continue;
-      __nv_bfloat16* orow = out + static_cast<size_t>(t) * ldq + static_cast<size_t>(h) * HD;
+      for (int rr = 0; rr < 2; ++rr) {
+        float l = row_l[rr];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int t = row_pos0 + rr * 8 - pos0;
+        if (t < 0 || t >= T) continue;
+        __nv_bfloat16* orow = out + static_cast<size_t>(t) * ldq + static_cast<size_t>(h) * HD;
 #pragma unroll
-      for (int n = 0; n < HD / 8; ++n)
-        *reinterpret_cast<uint32_t*>(orow + n * 8 + t4 * 2) = pack_bf16(o[n][rr * 2] * inv, o[n][rr * 2 + 1] * inv);
-      if (lse != nullptr && t4 == 0)
-        lse[static_cast<size_t>(h) * T + t] = l > 0.f ? (row_m[rr] + log2f(l)) * 0.69314718055994531f : -INFINITY;
-    }
+        for (int n = 0; n < HD / 8; ++n)
+          *reinterpret_cast<uint32_t*>(orow + n * 8 + t4 * 2) = pack_bf16(o[n][rr * 2] * inv, o[n][rr * 2 + 1] * inv);
+        if (lse != nullptr && t4 == 0)
+          lse[static_cast<size_t>(h) * T + t] = l > 0.f ? (row_m[rr] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+      }
     }  // items
   }
 }
@@ -751,9 +754,9 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
     }
     grid = dim3(std::min(n_qtiles * (p.n_heads / 2), n_sm), 1);
   }
-  attn_fwd_wgmma<HD, kPingpong, kPersistent><<<grid, 384, smem, stream>>>(mq, mk, mv, reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T,
-                                                  p.pos0, p.n_heads, p.n_kv_heads, p.block, p.meta, p.xattn, n_qtiles,
-                                                  scale_log2);
+  attn_fwd_wgmma<HD, kPingpong, kPersistent><<<grid, 384, smem, stream>>>(
+      mq, mk, mv, reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T, p.pos0, p.n_heads, p.n_kv_heads, p.block, p.meta,
+      p.xattn, n_qtiles, scale_log2);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
