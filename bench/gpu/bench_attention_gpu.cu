@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "elastic/attention.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
 
@@ -109,16 +110,19 @@ void decode_table(const std::vector<int>& lengths, Timer& timer) {
     for (const int mode : {0, 1}) {
       const KVHeadMeta m = make_kv_head_meta(mode, sink, local, B);
       std::vector<DecodeKVHead> hh(Hkv);
-      int kept = T;
       for (int h = 0; h < Hkv; ++h) {
         hh[h].k = kc + per_head * h, hh[h].v = vc + per_head * h;
         hh[h].mode = m.mode, hh[h].sink_blocks = m.sink_blocks, hh[h].local_blocks = m.local_blocks;
-        if (mode == 1 && (m.sink_blocks + m.local_blocks) * B < T) {
+        if (mode == 1 && (m.sink_blocks + m.local_blocks) * B < T)
           hh[h].sink_slots = m.sink_blocks * B, hh[h].ring_slots = m.local_blocks * B;
-          const int qb = (T - 1) / B, s2 = std::max(m.sink_blocks, qb - m.local_blocks + 1) * B;
-          kept = std::min(m.sink_blocks * B, T) + std::max(0, T - s2);
-        }
       }
+      // Positions the last token attends to, by the CPU reference's rule (streaming_keeps per key block).
+      elastic::SparseSettings sp;
+      sp.block = B, sp.sink = sink, sp.local = local;
+      const int qb = (T - 1) / B;
+      int kept = 0;
+      for (int kb = 0; kb <= qb; ++kb)
+        if (mode == 0 || elastic::streaming_keeps(qb, kb, sp)) kept += std::min(B, T - kb * B);
       validate_decode_heads(hh.data(), Hkv, B);
       DecodeKVHead* dh;
       ELASTIC_CUDA_CHECK(cudaMalloc(&dh, Hkv * sizeof(DecodeKVHead)));
