@@ -45,6 +45,28 @@ __device__ __forceinline__ uint32_t coff(const uint32_t (&co)[4], int c) {
   return static_cast<uint32_t>((c & ~7) << 4) + co[(c & 7) >> 1];
 }
 
+// acc = A B^T for this warp's 16 rows of A (keys or values) and the 64 rows of B (query-side rows), both [rows, HD]
+// swizzled tiles, as 8 n-fragments: S^T = K Q^T and dP^T = V dO^T.
+template <int HD>
+__device__ __forceinline__ void rows_times_tile_t(float (&acc)[kBM / 8][4], uint32_t A, uint32_t Bt, uint32_t row_a,
+                                                  uint32_t row_b, const uint32_t (&co_a)[4],
+                                                  const uint32_t (&co_b)[4]) {
+#pragma unroll
+  for (int j = 0; j < kBM / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    uint32_t a[4];
+    ldsm_x4(A + row_a + coff(co_a, kk * 2), a[0], a[1], a[2], a[3]);
+#pragma unroll
+    for (int j = 0; j < kBM / 8; j += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4(Bt + row_b + j * 8 * HD * 2 + coff(co_b, kk * 2), b0, b1, b2, b3);
+      mma_bf16(acc[j], a, b0, b1);
+      mma_bf16(acc[j + 1], a, b2, b3);
+    }
+  }
+}
+
 // Rows [row0, row0 + 64) of one head (row stride ld elements) into a swizzled tile; rows >= n_rows are zero.
 template <int HD>
 __device__ __forceinline__ void load_tile(uint32_t tile, const __nv_bfloat16* base, int row0, int n_rows, size_t ld,
@@ -229,20 +251,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
     // S^T = K Q^T: 16 keys x 64 query rows per warp.
     float s[kBM / 8][4];
-#pragma unroll
-    for (int j = 0; j < kBM / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      uint32_t a[4];
-      ldsm_x4(sK + row_a + coff(co_a, kk * 2), a[0], a[1], a[2], a[3]);
-#pragma unroll
-      for (int j = 0; j < kBM / 8; j += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4(Qs + row_b + j * 8 * HD * 2 + coff(co_b, kk * 2), b0, b1, b2, b3);
-        mma_bf16(s[j], a, b0, b1);
-        mma_bf16(s[j + 1], a, b2, b3);
-      }
-    }
+    rows_times_tile_t<HD>(s, sK, Qs, row_a, row_b, co_a, co_b);
     // P^T = exp2(S^T * scale*log2e - lse2[q]); on the diagonal tile keys after the query are masked. P^T is kept as
     // bf16 A fragments (16 query rows each): the dV product needs it so, and dS is rounded to bf16 anyway; this
     // frees 16 registers while dP is accumulated (fp32 P spills at hd 128).
@@ -273,20 +282,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     // dP^T = V dO^T.
     float dp[kBM / 8][4];
-#pragma unroll
-    for (int j = 0; j < kBM / 8; ++j) dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      uint32_t a[4];
-      ldsm_x4(sV + row_a + coff(co_a, kk * 2), a[0], a[1], a[2], a[3]);
-#pragma unroll
-      for (int j = 0; j < kBM / 8; j += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4(Os + row_b + j * 8 * HD * 2 + coff(co_b, kk * 2), b0, b1, b2, b3);
-        mma_bf16(dp[j], a, b0, b1);
-        mma_bf16(dp[j + 1], a, b2, b3);
-      }
-    }
+    rows_times_tile_t<HD>(dp, sV, Os, row_a, row_b, co_a, co_b);
     // dS^T = P^T (dP^T - delta[q]) * scale (the softmax scale folded in here serves both dK and dQ), as bf16 A
     // fragments (overwriting pa) and into shared memory as [key][query] for the dQ product.
 #pragma unroll
