@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "elastic/cuda.h"
@@ -16,6 +18,12 @@
 // At the top of a test body: GPU tests skip (not fail) on machines without a CUDA device, such as CI.
 #define SKIP_WITHOUT_GPU() \
   if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+// A fresh std::mt19937 seed per test, printed with any failure.
+#define SEEDED_RNG(rng)                                      \
+  const unsigned rng##_seed = std::random_device{}();        \
+  SCOPED_TRACE("random seed " + std::to_string(rng##_seed)); \
+  std::mt19937 rng(rng##_seed)
 
 namespace elastic::gpu_test {
 
@@ -32,6 +40,25 @@ inline float from_bf16(uint16_t b) {
   return f;
 }
 constexpr uint16_t kNaNBf16 = 0x7fc0;
+
+// n bf16 values drawn from N(0, sd).
+inline std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float sd) {
+  std::normal_distribution<float> N(0.f, sd);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = to_bf16(N(rng));
+  return v;
+}
+
+// A non-default stream, so a kernel's stream argument is exercised. Blocking (it synchronizes with the legacy
+// default stream), so synchronous uploads before a launch are ordered before it.
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { ELASTIC_CUDA_CHECK(cudaStreamCreate(&s)); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream() { cudaStreamDestroy(s); }
+  void sync() const { ELASTIC_CUDA_CHECK(cudaStreamSynchronize(s)); }
+};
 
 template <class T>
 struct Dev {  // device buffer, poisoned at allocation, freed on scope exit

@@ -28,12 +28,7 @@ using elastic::gpu_test::kNaNBf16;
 
 
 
-std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float sd) {
-  std::normal_distribution<float> N(0.f, sd);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = to_bf16(N(rng));
-  return v;
-}
+using elastic::gpu_test::random_bf16;
 
 struct Case {
   int T, pos0, Hq, Hkv, hd, block, sink, local;

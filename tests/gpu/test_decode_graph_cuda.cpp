@@ -18,6 +18,7 @@
 
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
+#include "gpu_test_util.h"
 
 namespace {
 
@@ -55,12 +56,7 @@ struct DevBuf {  // device buffer freed on scope exit
   }
 };
 
-std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float sd) {
-  std::normal_distribution<float> N(0.f, sd);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = f2bf(N(rng));
-  return v;
-}
+using elastic::gpu_test::random_bf16;
 
 struct Config {
   int Hq, Hkv, hd, B, max_pos;

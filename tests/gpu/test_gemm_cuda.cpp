@@ -46,12 +46,7 @@ struct DevBuf {  // device buffer freed on scope exit
   }
 };
 
-std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float sd) {
-  std::normal_distribution<float> N(0.f, sd);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = f2bf(N(rng));
-  return v;
-}
+using elastic::gpu_test::random_bf16;
 
 // ref[m, n] = sum_k X[m, k] W[n, k] in double. A product of two bf16 values is exact in float (8-bit significands),
 // so each term is exact and only the double sum rounds. Eight rows at a time (X padded with zero rows) give eight

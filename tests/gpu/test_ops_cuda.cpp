@@ -34,29 +34,17 @@ namespace cu = elastic::cuda;
 namespace {
 
 using elastic::gpu_test::Dev;
+using elastic::gpu_test::Stream;
 
 constexpr uint16_t kPoison = 0xffff;
 constexpr double kRel = 1e-2, kAbs = 1e-3;
 constexpr size_t kGuard = 16;  // poisoned elements after an output that must stay untouched
 
-// A fresh seed per test, printed with any failure.
-#define SEEDED_RNG(rng)                                         \
-  const unsigned rng##_seed = std::random_device{}();           \
-  SCOPED_TRACE("random seed " + std::to_string(rng##_seed));    \
-  std::mt19937 rng(rng##_seed)
 
 float fl(uint16_t b) { return cu::bf16_to_f32(b); }
 uint16_t bf(float f) { return cu::f32_to_bf16(f); }
 
 
-struct Stream {  // a non-default stream, so the stream argument is exercised
-  cudaStream_t s = nullptr;
-  Stream() { ELASTIC_CUDA_CHECK(cudaStreamCreate(&s)); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() { cudaStreamDestroy(s); }
-  void sync() const { ELASTIC_CUDA_CHECK(cudaStreamSynchronize(s)); }
-};
 
 std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float mean, float sd) {
   std::normal_distribution<float> N(mean, sd);

@@ -36,39 +36,26 @@ namespace cu = elastic::cuda;
 namespace {
 
 using elastic::gpu_test::Dev;
+using elastic::gpu_test::Stream;
 
-// A fresh seed per test, printed with any failure.
-#define SEEDED_RNG(rng)                                      \
-  const unsigned rng##_seed = std::random_device{}();        \
-  SCOPED_TRACE("random seed " + std::to_string(rng##_seed)); \
-  std::mt19937_64 rng(rng##_seed)
 
 float fl(uint16_t b) { return cu::bf16_to_f32(b); }
 uint16_t bf(float f) { return cu::f32_to_bf16(f); }
 
 
-// A non-default stream, so the stream argument is exercised. Blocking (synchronizes with the legacy default stream),
-// so the synchronous uploads above are ordered before the launches.
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { ELASTIC_CUDA_CHECK(cudaStreamCreate(&s)); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() { cudaStreamDestroy(s); }
-};
 
 // bf16 values and the same values widened to double.
 struct Bf {
   std::vector<uint16_t> b;
   std::vector<double> d;
 };
-Bf random_bf(size_t n, std::mt19937_64& rng, double sd, double mean = 0) {
+Bf random_bf(size_t n, std::mt19937& rng, double sd, double mean = 0) {
   std::normal_distribution<double> N(mean, sd);
   Bf x{std::vector<uint16_t>(n), std::vector<double>(n)};
   for (size_t i = 0; i < n; ++i) x.b[i] = bf(float(N(rng))), x.d[i] = fl(x.b[i]);
   return x;
 }
-std::vector<float> random_f(size_t n, std::mt19937_64& rng, double sd = 1) {
+std::vector<float> random_f(size_t n, std::mt19937& rng, double sd = 1) {
   std::normal_distribution<float> N(0.f, float(sd));
   std::vector<float> v(n);
   for (float& x : v) x = N(rng);
