@@ -149,10 +149,16 @@ void decode_table(const std::vector<int>& lengths, Timer& timer) {
 
 int main(int argc, char** argv) {
   std::vector<int> lengths;
-  bool decode_only = false;
+  bool decode_only = false, kernels_only = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--decode") decode_only = true;
-    else lengths.push_back(std::atoi(argv[i]));
+    const std::string a = argv[i];
+    if (a == "--decode") decode_only = true;
+    else if (a == "--kernels") kernels_only = true;  // only the all-full / all-streaming rows of each kernel
+    else if (a.empty() || a.find_first_not_of("0123456789") != std::string::npos || std::atoi(a.c_str()) <= 0) {
+      std::fprintf(stderr, "bench_attention_gpu: bad argument '%s' (usage: [--decode | --kernels] [T ...])\n",
+                   a.c_str());
+      return 2;
+    } else lengths.push_back(std::atoi(a.c_str()));
   }
   if (lengths.empty()) lengths = {8192, 16384, 32768, 65536, 131072};
   if (decode_only) {
@@ -185,6 +191,11 @@ int main(int argc, char** argv) {
     fill_random_bf16<<<1024, 256>>>(k, nk, 2u, 1.f);
     fill_random_bf16<<<1024, 256>>>(v, nk, 3u, 1.f);
     ELASTIC_CUDA_CHECK(cudaGetLastError());
+    auto free_io = [&] {
+      for (void* b : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(out),
+                      static_cast<void*>(lse)})
+        ELASTIC_CUDA_CHECK(cudaFree(b));
+    };
     const double dense_pairs = double(Hq) * T * (T + 1.0) / 2.0;
     const double flop_per_pair = 4.0 * hd;
     const int nb = (T + B - 1) / B;
@@ -232,11 +243,19 @@ int main(int argc, char** argv) {
     row("full", 0.0, t_full, pairs_full);
     const double pairs_ssa = uniform_pairs(ms);
     // The other kernels on the same input, for comparison (the persistent one also on all-streaming layers).
+    row("full (wgmma v4: pingpong)", 0.0, uniform_ms(mf, AttnKernel::Wgmma), pairs_full);
     row("full (wgmma, no pingpong)", 0.0, uniform_ms(mf, AttnKernel::WgmmaNoPingpong), pairs_full);
+    row("full (wgmma, overlap)", 0.0, uniform_ms(mf, AttnKernel::WgmmaOverlap), pairs_full);
     row("full (wgmma, persistent)", 0.0, uniform_ms(mf, AttnKernel::WgmmaPersistent), pairs_full);
+    row("ssa (wgmma v4: pingpong)", 1.0, uniform_ms(ms, AttnKernel::Wgmma), pairs_ssa);
+    row("ssa (wgmma, overlap)", 1.0, uniform_ms(ms, AttnKernel::WgmmaOverlap), pairs_ssa);
     row("ssa (wgmma, persistent)", 1.0, uniform_ms(ms, AttnKernel::WgmmaPersistent), pairs_ssa);
-    row("full (simple kernel)", 0.0, uniform_ms(mf, AttnKernel::Simple), pairs_full);
+    if (!kernels_only) row("full (simple kernel)", 0.0, uniform_ms(mf, AttnKernel::Simple), pairs_full);
     row("ssa", 1.0, uniform_ms(ms, AttnKernel::Auto), pairs_ssa);
+    if (kernels_only) {
+      free_io();
+      continue;
+    }
     if (T <= xattn_max_T) {  // all XAttention: estimation on the GPU, then the sparse forward
       KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mx));
       const int64_t cap = xattn_list_capacity(Hq, nb);
@@ -292,12 +311,9 @@ int main(int argc, char** argv) {
       row(name, double(n_sparse) / (L * Hkv), t / L, pr / L);
       for (auto* d : dm) ELASTIC_CUDA_CHECK(cudaFree(d));
     }
-    ELASTIC_CUDA_CHECK(cudaFree(q));
-    ELASTIC_CUDA_CHECK(cudaFree(k));
-    ELASTIC_CUDA_CHECK(cudaFree(v));
-    ELASTIC_CUDA_CHECK(cudaFree(out));
-    ELASTIC_CUDA_CHECK(cudaFree(lse));
+    free_io();
   }
+  if (kernels_only) return 0;
   decode_table(lengths, timer);
   return 0;
 }

@@ -32,9 +32,12 @@ struct XAttnBlockLists {
 
 // Simple: mma.sync m16n8k16 + cp.async, any group. Wgmma: TMA + mbarrier pipeline + wgmma, warp-specialized, with
 // pingpong scheduling of its two consumer warpgroups; needs an even number of query heads per KV head.
-// WgmmaNoPingpong: the same without the pingpong (kept to measure it). Auto: Wgmma when the group is even, else Simple.
-// WgmmaPersistent: the wgmma kernel with one CTA per SM walking (query tile, head pair) items, longest first.
-enum class AttnKernel : int { Auto = 0, Simple = 1, Wgmma = 2, WgmmaNoPingpong = 3, WgmmaPersistent = 4 };
+// WgmmaNoPingpong: the same without the pingpong (kept to measure it). Auto: WgmmaOverlap when the group is even,
+// else Simple.
+// WgmmaOverlap: Wgmma plus the softmax of S_{i+1} overlapping P_i V_i inside each consumer warpgroup.
+// WgmmaPersistent: WgmmaOverlap with one CTA per SM taking (query tile, head pair) items from a device counter (its
+// launches on one device must not run concurrently on two streams).
+enum class AttnKernel : int { Auto = 0, Simple = 1, Wgmma = 2, WgmmaNoPingpong = 3, WgmmaPersistent = 4, WgmmaOverlap = 5 };
 
 struct HybridAttnParams {
   const uint16_t* q = nullptr;  // [T, Hq, hd] bf16, positions [pos0, pos0 + T), RoPE applied

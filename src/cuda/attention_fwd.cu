@@ -371,14 +371,14 @@ __device__ __forceinline__ void issue_pv(float (&o)[HD / 8][4], const uint32_t (
 // Causal mask (where the tile reaches past the query tile's first row), then the online-softmax update of the two
 // rows this thread holds: scores become exp2(s * scale_log2 - m), corr the factor for the previous output.
 // valid: bit 0 / bit 1 = the first / second 64 keys of the tile belong to this head's list (else masked out).
-__device__ __forceinline__ void softmax_step(float (&s)[kWN / 8][4], int tile, int valid, int qt, int row_pos0, int t4,
+__device__ __forceinline__ void softmax_step(float (&s)[kWN / 8][4], int first, int valid, int qt, int row_pos0, int t4,
                                              float* row_m, float* row_l, float* corr, float scale_log2) {
-  if (tile * kWN + kWN - 1 > qt * kBM) {
+  if (first * kBN + kWN - 1 > qt * kBM) {
 #pragma unroll
     for (int j = 0; j < kWN / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = tile * kWN + j * 8 + t4 * 2 + (e & 1);
+        const int key = first * kBN + j * 8 + t4 * 2 + (e & 1);
         if (key > row_pos0 + (e >> 1) * 8) s[j][e] = -INFINITY;
       }
   }
@@ -465,23 +465,25 @@ struct UnionIter {
   }
 };
 
-// Pairs consecutive 64-key tiles of the union into kWN-key tiles. m4 bit (half * 2 + w): half `half` of the tile
-// is in head w's list.
+// Pairs adjacent 64-key tiles of the union into kWN-key tiles: a tile t is paired with t + 1 when t + 1 comes next
+// in the union, whatever t's parity, so a run of an even number of tiles (a streaming window of 2048 keys, the sink)
+// computes no masked half wherever it starts. `first` is the 64-key tile the kWN keys start at. m4 bit
+// (half * 2 + w): half `half` of the tile is in head w's list (a lone tile's second half is in neither).
 struct PairIter {
   UnionIter un;
   bool pending = false;
   int ptile = 0, pmask = 0;
-  __device__ __forceinline__ bool next(int& tile, int& m4) {
+  __device__ __forceinline__ bool next(int& first, int& m4) {
     int t, m;
     if (pending) {
       t = ptile, m = pmask, pending = false;
     } else if (!un.next(t, m)) {
       return false;
     }
-    tile = t >> 1;
-    m4 = m << ((t & 1) * 2);
-    if ((t & 1) == 0 && un.next(ptile, pmask)) {
-      if ((ptile >> 1) == tile)
+    first = t;
+    m4 = m;
+    if (un.next(ptile, pmask)) {
+      if (ptile == t + 1)
         m4 |= pmask << 2;
       else
         pending = true;
@@ -491,21 +493,27 @@ struct PairIter {
 };
 __device__ __forceinline__ int head_valid(int m4, int w) { return ((m4 >> w) & 1) | (((m4 >> (2 + w)) & 1) << 1); }
 
-// kPersistent: one CTA per SM walks work items (query tile, head pair) j = blockIdx.x, + gridDim.x, ... in the order
-// latest query tile first across all head pairs (longest first), so the K/V stage ring and the Q buffer carry over
-// from one item to the next. The producer waits until the consumers' last products of an item have completed (Q is
-// single-buffered), then loads the next Q and K/V while they run the epilogue: only the epilogue overlaps so far.
-template <int HD, bool kPingpong, bool kPersistent>
+// kPersistent: one CTA per SM walks work items (query tile, head pair), so the K/V stage ring and the Q buffer carry
+// over from one item to the next and an item's prologue and epilogue overlap its neighbours' products. Items come in
+// the order the non-persistent grid runs its CTAs (head pair major, latest query tile first within a pair), so the
+// running items share one or two KV heads' K/V in L2 and the shortest items come last. The first item is blockIdx.x;
+// the producer takes each next one from a global counter (atomicAdd: the items' lengths differ too much for a static
+// round robin) and hands it to the consumers through a shared slot published by the Q barrier (-1: no more). The
+// last CTA to finish resets the counter for the next launch. The consumers release Q once their item's last
+// S = Q K^T has completed, so the next item's Q loads during its last step and epilogue.
+// kOverlap: intra-warpgroup overlap of the softmax of S_{i+1} with P_i V_i (see the consumer loop).
+template <int HD, bool kPingpong, bool kPersistent, bool kOverlap>
 __global__ void __launch_bounds__(384, 1)
     attn_fwd_wgmma(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                    const __grid_constant__ CUtensorMap tmV, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
                    int T, int pos0, int Hq, int Hkv, int block, const KVHeadMeta* __restrict__ meta,
-                   XAttnBlockLists xattn, int n_qtiles, float scale_log2) {
+                   XAttnBlockLists xattn, int n_qtiles, float scale_log2, int* __restrict__ sched) {
   constexpr int kQBytes = kBM * HD * 2;     // one 64-row Q tile
   constexpr int kTileBytes = kWN * HD * 2;  // one K or V tile of kWN rows
   constexpr int kHalves = HD / 64;          // 64-column boxes per row
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bars[2 + 3 * kStages];  // q_full, full_k[s], full_v[s], empty[s], q_empty
+  __shared__ int item_slot[2];                             // persistent: item k's index in slot k % 2
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
   const uint32_t sQ = base;                                      // [2][64 x HD]: column boxes of 64 rows x 128 B
   const uint32_t sK = sQ + 2 * kQBytes;                          // [kStages][kWN x HD]: boxes of kWN rows x 128 B
@@ -519,11 +527,10 @@ __global__ void __launch_bounds__(384, 1)
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp_in_wg = (tid % 128) / 32;
   const int group = Hq / Hkv, n_keys = pos0 + T, n_pairs = Hq / 2;
   const int n_items = kPersistent ? n_qtiles * n_pairs : 1;
-  const int item_first = kPersistent ? static_cast<int>(blockIdx.x) : 0, item_step = kPersistent ? gridDim.x : 1;
-  auto item_at = [&](int j, int& qt, int& h0) {  // latest tiles first
+  auto item_at = [&](int j, int& qt, int& h0) {  // head pair major, latest tiles first
     if (kPersistent) {
-      qt = pos0 / kBM + (n_qtiles - 1 - j / n_pairs);
-      h0 = (j % n_pairs) * 2;
+      qt = pos0 / kBM + (n_qtiles - 1 - j % n_qtiles);
+      h0 = (j / n_qtiles) * 2;
     } else {
       qt = pos0 / kBM + (n_qtiles - 1 - static_cast<int>(blockIdx.x));
       h0 = blockIdx.y * 2;
@@ -551,13 +558,16 @@ __global__ void __launch_bounds__(384, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (tid == 0) {
       int i = 0;  // K/V tiles issued so far (the stage ring runs on across items)
-      for (int j = item_first, k = 0; j < n_items; j += item_step, ++k) {
+      int j = kPersistent ? static_cast<int>(blockIdx.x) : 0;
+      for (int k = 0;; ++k) {
+        const int j_next = kPersistent ? static_cast<int>(gridDim.x) + atomicAdd(&sched[0], 1) : n_items;
         int qt, h0;
         item_at(j, qt, h0);
         const int kvh = h0 / group;
         const KVHeadMeta m = meta[kvh];
         PairIter it = tiles_of(m, qt, h0);
         if (k > 0) mbar_wait(bar_qe, (k - 1) & 1);  // the previous item's Q is no longer read
+        if (kPersistent) item_slot[k & 1] = j;       // published by the q_full arrival below
         mbar_expect_tx(bar_q, 2 * kQBytes);
         for (int w = 0; w < 2; ++w)
           for (int hf = 0; hf < kHalves; ++hf)
@@ -569,13 +579,28 @@ __global__ void __launch_bounds__(384, 1)
           mbar_expect_tx(bar_fk(s), kTileBytes);
           for (int hf = 0; hf < kHalves; ++hf)
             for (int rh = 0; rh < kWN / 64; ++rh)
-              tma_load_3d(sK + s * kTileBytes + hf * (kWN * 128) + rh * 8192, &tmK, hf * 64, kvh, tile * kWN + rh * 64,
+              tma_load_3d(sK + s * kTileBytes + hf * (kWN * 128) + rh * 8192, &tmK, hf * 64, kvh, tile * kBN + rh * 64,
                           bar_fk(s));
           mbar_expect_tx(bar_fv(s), kTileBytes);
           for (int hf = 0; hf < kHalves; ++hf)
             for (int rh = 0; rh < kWN / 64; ++rh)
-              tma_load_3d(sV + s * kTileBytes + hf * (kWN * 128) + rh * 8192, &tmV, hf * 64, kvh, tile * kWN + rh * 64,
+              tma_load_3d(sV + s * kTileBytes + hf * (kWN * 128) + rh * 8192, &tmV, hf * 64, kvh, tile * kBN + rh * 64,
                           bar_fv(s));
+        }
+        j = j_next;
+        if (j >= n_items) {
+          if (kPersistent) {  // tell the consumers there is no next item, then retire this CTA's scheduling
+            mbar_wait(bar_qe, k & 1);
+            item_slot[(k + 1) & 1] = -1;
+            mbar_arrive(bar_q);
+            __threadfence();
+            if (atomicAdd(&sched[1], 1) == static_cast<int>(gridDim.x) - 1) {  // every CTA has taken its last item
+              sched[0] = 0;
+              sched[1] = 0;
+              __threadfence();
+            }
+          }
+          break;
         }
       }
     }
@@ -584,7 +609,10 @@ __global__ void __launch_bounds__(384, 1)
     // Consumer warpgroup: head h, rows warp_in_wg * 16 + g (+ 8) of the query tile.
     const int w = wg - 1, g = lane / 4, t4 = lane % 4;
     int i0 = 0;  // K/V tiles consumed before this item (the stage ring's position)
-    for (int j = item_first, k = 0; j < n_items; j += item_step, ++k) {
+    for (int k = 0;; ++k) {
+      mbar_wait(bar_q, k & 1);
+      const int j = kPersistent ? item_slot[k & 1] : 0;
+      if (j < 0) break;
       int qt, h0;
       item_at(j, qt, h0);
       const KVHeadMeta m = meta[h0 / group];
@@ -602,7 +630,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int j = 0; j < kWN / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
       uint32_t pa[kWN / 16][4];
       float corr[2];
-      mbar_wait(bar_q, k & 1);
+      bool q_released = false;
 
       if (m.mode == 2 && xattn.blocks != nullptr) {
         // XAttn: the two heads' lists differ; walk their union, compute own tiles only (no overlap of steps).
@@ -653,6 +681,45 @@ __global__ void __launch_bounds__(384, 1)
           fence_regs<kWN / 2>(&sacc[0][0]);
           softmax_step(sacc, tile, head_valid(m4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
           to_bf16_frags(sacc, pa);
+          if constexpr (kOverlap) {
+            // S_{i+1} = Q K_{i+1}^T first, then O += P_i V_i; wait for S only (wait_group 1) and run its softmax
+            // while P_i V_i is still on the tensor cores; O and P_i are touched only after wait_group 0. The last
+            // step (P V alone) is peeled off so every wgmma and wait in the loop is unconditional: ptxas serializes
+            // the wgmmas (C7514) when it cannot pair them up along every path.
+            int i = i0, ntile, nm4;
+            for (; it.next(ntile, nm4); ++i) {
+              const int s = i % kStages, sn = (i + 1) % kStages;
+              my_turn();
+              mbar_wait(bar_fk(sn), ((i + 1) / kStages) & 1);
+              issue_s<HD>(sacc, myQ, sK + sn * kTileBytes);
+              mbar_wait(bar_fv(s), (i / kStages) & 1);
+              issue_pv<HD>(o, pa, sV + s * kTileBytes);
+              pass_turn();
+              wgmma_wait<1>();
+              fence_regs<kWN / 2>(&sacc[0][0]);
+              softmax_step(sacc, ntile, head_valid(nm4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+              wgmma_wait<0>();
+              fence_regs<HD / 2>(&o[0][0]);
+              __syncwarp();
+              if (lane == 0) mbar_arrive(bar_em(s));  // K_i and V_i consumed
+              rescale<HD>(o, corr);
+              to_bf16_frags(sacc, pa);
+            }
+            const int s = i % kStages;
+            // every S = Q K^T of the item has completed: the producer may load the next item's Q
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bar_qe);
+            q_released = true;
+            my_turn();
+            mbar_wait(bar_fv(s), (i / kStages) & 1);
+            issue_pv<HD>(o, pa, sV + s * kTileBytes);
+            if (w == 0) pass_turn();
+            wgmma_wait<0>();
+            fence_regs<HD / 2>(&o[0][0]);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bar_em(s));
+            n_steps = i - i0 + 1;
+          } else
           for (int i = i0;; ++i) {
             ++n_steps;
             const int s = i % kStages, sn = (i + 1) % kStages;
@@ -680,8 +747,10 @@ __global__ void __launch_bounds__(384, 1)
       }
 
       // Every product that read Q has completed (each step waited for its wgmma): the producer may load the next Q.
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_qe);
+      if (!q_released) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_qe);
+      }
       i0 += n_steps;
 
       const size_t ldq = static_cast<size_t>(Hq) * HD;
@@ -700,6 +769,7 @@ __global__ void __launch_bounds__(384, 1)
         if (lse != nullptr && t4 == 0)
           lse[static_cast<size_t>(h) * T + t] = l > 0.f ? (row_m[rr] + log2f(l)) * 0.69314718055994531f : -INFINITY;
       }
+      if (!kPersistent) break;
     }  // items
   }
 }
@@ -730,12 +800,27 @@ CUtensorMap make_map(const void* ptr, int hd, int heads, int rows) {
   return map;
 }
 
-template <int HD, bool kPingpong, bool kPersistent>
+// The persistent kernel's work counter and retired-CTA count, one pair per device, zero between launches (the last
+// CTA of each launch resets them). Launches of the persistent kernel on one device must therefore not overlap in
+// time (two streams running it at once would share the counter).
+int* persistent_counters() {
+  static int* counters[64] = {};
+  int dev = 0;
+  ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) throw std::runtime_error("hybrid_attention_fwd: device index out of range");
+  if (!counters[dev]) {
+    ELASTIC_CUDA_CHECK(cudaMalloc(&counters[dev], 2 * sizeof(int)));
+    ELASTIC_CUDA_CHECK(cudaMemset(counters[dev], 0, 2 * sizeof(int)));
+  }
+  return counters[dev];
+}
+
+template <int HD, bool kPingpong, bool kPersistent, bool kOverlap = false>
 void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
   const int smem = 2 * kBM * HD * 2 + 2 * kStages * kWN * HD * 2 + 1024;  // Q tiles, K/V stages, alignment
   static bool configured = false;
   if (!configured) {
-    ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_wgmma<HD, kPingpong, kPersistent>,
+    ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_wgmma<HD, kPingpong, kPersistent, kOverlap>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
@@ -754,9 +839,9 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
     }
     grid = dim3(std::min(n_qtiles * (p.n_heads / 2), n_sm), 1);
   }
-  attn_fwd_wgmma<HD, kPingpong, kPersistent><<<grid, 384, smem, stream>>>(
+  attn_fwd_wgmma<HD, kPingpong, kPersistent, kOverlap><<<grid, 384, smem, stream>>>(
       mq, mk, mv, reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T, p.pos0, p.n_heads, p.n_kv_heads, p.block, p.meta,
-      p.xattn, n_qtiles, scale_log2);
+      p.xattn, n_qtiles, scale_log2, kPersistent ? persistent_counters() : nullptr);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -786,13 +871,16 @@ void hybrid_attention_fwd(const HybridAttnParams& p, cudaStream_t stream) {
   if (p.head_dim != 64 && p.head_dim != 128) bad("head_dim must be 64 or 128 (got " + std::to_string(p.head_dim) + ")");
   const bool even_group = (p.n_heads / p.n_kv_heads) % 2 == 0;
   if (p.kernel == AttnKernel::Wgmma && !even_group) bad("the wgmma kernel needs an even number of query heads per KV head");
-  if ((p.kernel == AttnKernel::WgmmaNoPingpong || p.kernel == AttnKernel::WgmmaPersistent) && !even_group)
+  if ((p.kernel == AttnKernel::WgmmaNoPingpong || p.kernel == AttnKernel::WgmmaPersistent ||
+       p.kernel == AttnKernel::WgmmaOverlap) &&
+      !even_group)
     bad("the wgmma kernel needs an even number of query heads per KV head");
-  const bool wgmma = p.kernel == AttnKernel::Wgmma || (p.kernel == AttnKernel::Auto && even_group);
-  if (wgmma)
+  if (p.kernel == AttnKernel::Wgmma)
     p.head_dim == 64 ? launch_wgmma<64, true, false>(p, stream) : launch_wgmma<128, true, false>(p, stream);
+  else if (p.kernel == AttnKernel::WgmmaOverlap || (p.kernel == AttnKernel::Auto && even_group))
+    p.head_dim == 64 ? launch_wgmma<64, true, false, true>(p, stream) : launch_wgmma<128, true, false, true>(p, stream);
   else if (p.kernel == AttnKernel::WgmmaPersistent)
-    p.head_dim == 64 ? launch_wgmma<64, true, true>(p, stream) : launch_wgmma<128, true, true>(p, stream);
+    p.head_dim == 64 ? launch_wgmma<64, true, true, true>(p, stream) : launch_wgmma<128, true, true, true>(p, stream);
   else if (p.kernel == AttnKernel::WgmmaNoPingpong)
     p.head_dim == 64 ? launch_wgmma<64, false, false>(p, stream) : launch_wgmma<128, false, false>(p, stream);
   else

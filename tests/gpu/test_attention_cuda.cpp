@@ -156,6 +156,7 @@ void run_prefill_case_with(const Case& c, cuda::AttnKernel kernel) {
   const char* kname = kernel == cuda::AttnKernel::Wgmma             ? "wgmma"
                       : kernel == cuda::AttnKernel::WgmmaNoPingpong ? "wgmma-no-pingpong"
                       : kernel == cuda::AttnKernel::WgmmaPersistent ? "wgmma-persistent"
+                      : kernel == cuda::AttnKernel::WgmmaOverlap    ? "wgmma-overlap"
                                                                     : "simple";
   EXPECT_EQ(bad, 0u) << kname << ": unwritten or non-finite outputs";
   EXPECT_LT(std::sqrt(err2 / ref2), 1e-2) << kname << ": relative L2 error of out";
@@ -168,6 +169,7 @@ void run_prefill_case(const Case& c) {
   if ((c.Hq / c.Hkv) % 2 == 0) {
     run_prefill_case_with(c, cuda::AttnKernel::Wgmma);
     run_prefill_case_with(c, cuda::AttnKernel::WgmmaNoPingpong);
+    run_prefill_case_with(c, cuda::AttnKernel::WgmmaOverlap);
     run_prefill_case_with(c, cuda::AttnKernel::WgmmaPersistent);
   }
 }
@@ -186,8 +188,12 @@ TEST(CudaHybridAttention, MixedRoutingHd64Group1Block128) {
 TEST(CudaHybridAttention, FullGqa2Hd64Long) { run_prefill_case({1500, 0, 4, 2, 64, 64, 128, 256, {F, F}}); }
 // 64 query tiles x 8 head pairs = 512 work items: the persistent kernel's CTAs each walk several items (the stage
 // ring and the Q buffer carry over), with full, streaming and XAttn heads mixed.
+// The persistent kernel runs three times in a row here: its work counter must be back at zero after each launch.
 TEST(CudaHybridAttention, ManyItemsPerSm) {
-  run_prefill_case({4096, 0, 16, 8, 64, 64, 128, 512, {F, S, F, X, S, F, X, F}, 2.f});
+  const Case c{4096, 0, 16, 8, 64, 64, 128, 512, {F, S, F, X, S, F, X, F}, 2.f};
+  run_prefill_case(c);
+  run_prefill_case_with(c, cuda::AttnKernel::WgmmaPersistent);
+  run_prefill_case_with(c, cuda::AttnKernel::WgmmaPersistent);
 }
 TEST(CudaHybridAttention, AllStreamingNoSink) { run_prefill_case({450, 0, 8, 2, 64, 64, 0, 64, {S, S}}); }
 TEST(CudaHybridAttention, ChunkedPrefillAligned) {
