@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -24,6 +25,7 @@
 #include "elastic/cuda.h"
 #include "cuda/mma_sync.cuh"
 #include "elastic/cuda_attention.h"
+#include "cuda/tile_walk.h"
 
 namespace elastic::cuda {
 namespace {
@@ -48,17 +50,6 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const __nv_bfloat16* ba
   }
 }
 
-// Key tiles (64 keys) a query tile visits, in ascending order.
-struct TileList {
-  int mode, n, n1, s2, R;  // streaming: tiles [0, n1) then [s2, s2 + n - n1)
-  const int32_t* xl;       // xattn: block list
-  __device__ __forceinline__ int at(int i) const {
-    if (mode == 2) return xl[i / R] * R + i % R;
-    if (mode == 1) return i < n1 ? i : s2 + (i - n1);
-    return i;
-  }
-};
-
 template <int HD>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     attn_fwd_simple(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
@@ -77,24 +68,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int group = Hq / Hkv, kvh = h / group;
   const int qt = pos0 / kBM + qt_local;  // absolute query tile
   const int n_keys = pos0 + T;
-  const int R = block / kBN;            // key tiles per sparse block
-  const int qb = qt / R;                // absolute query block
 
   // Which key tiles this CTA visits.
   const KVHeadMeta m = meta[kvh];
-  TileList tl{0, qt + 1, 0, 0, R, nullptr};
-  if (m.mode == 1) {
-    const int n1 = min(m.sink_blocks * R, qt + 1);
-    const int s2 = max(m.sink_blocks, qb - m.local_blocks + 1) * R;
-    tl = TileList{1, n1 + max(0, qt + 1 - s2), n1, s2, R, nullptr};
-  } else if (m.mode == 2 && xattn.blocks != nullptr) {
-    const int nb = (n_keys + block - 1) / block;
-    const int cnt = xattn.counts[h * nb + qb];
-    const int32_t* xl = xattn.blocks + xattn.offsets[h * nb + qb];
-    int n = cnt * R;
-    if (cnt > 0) n -= max(0, xl[cnt - 1] * R + R - 1 - qt);  // tiles of the diagonal block past this query tile
-    tl = TileList{2, n, 0, 0, R, xl};
-  }
+  const walk::TileList tl = walk::tile_list(m.mode, m.sink_blocks, m.local_blocks, xattn.blocks, xattn.offsets,
+                                            xattn.counts, h, qt, n_keys, block);
 
   // Q tile: rows of absolute positions [qt*64, qt*64 + 64) that lie in [pos0, pos0 + T); others zero.
   const size_t ldq = static_cast<size_t>(Hq) * HD, ldkv = static_cast<size_t>(Hkv) * HD;
@@ -294,6 +272,9 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float* d, uint64_t da, uint6
 }
 
 constexpr int kStages = 3;
+// Per-launch options of the wgmma kernel (defaults per AttnKernel in launch_wgmma; ELASTIC_ATTN_OPTS overrides).
+constexpr int kOptAdjacentPairs = 1;  // walk::PairIter pairs adjacent tiles at any parity (else even pairs)
+constexpr int kOptBulkStore = 2;      // non-persistent epilogue: O through shared memory and bulk tensor stores
 constexpr int kWN = 128;  // keys per wgmma-kernel tile: two 64-key tiles of the sparse lists ("halves")
 
 __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -430,69 +411,6 @@ __device__ __forceinline__ void rescale(float (&o)[HD / 8][4], const float* corr
   }
 }
 
-// Tile list of query head h for absolute query tile qt (same rules as the simple kernel).
-__device__ __forceinline__ TileList make_tile_list(const KVHeadMeta& m, const XAttnBlockLists& xattn, int h, int qt,
-                                                   int n_keys, int block) {
-  const int R = block / kBN, qb = qt / R;
-  TileList tl{0, qt + 1, 0, 0, R, nullptr};
-  if (m.mode == 1) {
-    const int n1 = min(m.sink_blocks * R, qt + 1);
-    const int s2 = max(m.sink_blocks, qb - m.local_blocks + 1) * R;
-    tl = TileList{1, n1 + max(0, qt + 1 - s2), n1, s2, R, nullptr};
-  } else if (m.mode == 2 && xattn.blocks != nullptr) {
-    const int nb = (n_keys + block - 1) / block;
-    const int cnt = xattn.counts[h * nb + qb];
-    const int32_t* xl = xattn.blocks + xattn.offsets[h * nb + qb];
-    int n = cnt * R;
-    if (cnt > 0) n -= max(0, xl[cnt - 1] * R + R - 1 - qt);
-    tl = TileList{2, n, 0, 0, R, xl};
-  }
-  return tl;
-}
-
-// Ascending union of two tile lists; mask bit w says tile belongs to head w.
-struct UnionIter {
-  TileList a, b;
-  int ia = 0, ib = 0;
-  __device__ __forceinline__ bool next(int& tile, int& mask) {
-    const int ta = ia < a.n ? a.at(ia) : INT_MAX, tb = ib < b.n ? b.at(ib) : INT_MAX;
-    tile = min(ta, tb);
-    if (tile == INT_MAX) return false;
-    mask = (ta == tile ? 1 : 0) | (tb == tile ? 2 : 0);
-    ia += ta == tile;
-    ib += tb == tile;
-    return true;
-  }
-};
-
-// Pairs adjacent 64-key tiles of the union into kWN-key tiles: a tile t is paired with t + 1 when t + 1 comes next
-// in the union, whatever t's parity, so a run of an even number of tiles (a streaming window of 2048 keys, the sink)
-// computes no masked half wherever it starts. `first` is the 64-key tile the kWN keys start at. m4 bit
-// (half * 2 + w): half `half` of the tile is in head w's list (a lone tile's second half is in neither).
-struct PairIter {
-  UnionIter un;
-  bool pending = false;
-  int ptile = 0, pmask = 0;
-  __device__ __forceinline__ bool next(int& first, int& m4) {
-    int t, m;
-    if (pending) {
-      t = ptile, m = pmask, pending = false;
-    } else if (!un.next(t, m)) {
-      return false;
-    }
-    first = t;
-    m4 = m;
-    if (un.next(ptile, pmask)) {
-      if (ptile == t + 1)
-        m4 |= pmask << 2;
-      else
-        pending = true;
-    }
-    return true;
-  }
-};
-__device__ __forceinline__ int head_valid(int m4, int w) { return ((m4 >> w) & 1) | (((m4 >> (2 + w)) & 1) << 1); }
-
 // kPersistent: one CTA per SM walks work items (query tile, head pair), so the K/V stage ring and the Q buffer carry
 // over from one item to the next and an item's prologue and epilogue overlap its neighbours' products. Items come in
 // the order the non-persistent grid runs its CTAs (head pair major, latest query tile first within a pair), so the
@@ -505,9 +423,11 @@ __device__ __forceinline__ int head_valid(int m4, int w) { return ((m4 >> w) & 1
 template <int HD, bool kPingpong, bool kPersistent, bool kOverlap>
 __global__ void __launch_bounds__(384, 1)
     attn_fwd_wgmma(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                   const __grid_constant__ CUtensorMap tmV, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+                   const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmO,
+                   __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
                    int T, int pos0, int Hq, int Hkv, int block, const KVHeadMeta* __restrict__ meta,
-                   XAttnBlockLists xattn, int n_qtiles, float scale_log2, int* __restrict__ sched) {
+                   XAttnBlockLists xattn, int n_qtiles, float scale_log2, int* __restrict__ sched,
+                   int opts) {
   constexpr int kQBytes = kBM * HD * 2;     // one 64-row Q tile
   constexpr int kTileBytes = kWN * HD * 2;  // one K or V tile of kWN rows
   constexpr int kHalves = HD / 64;          // 64-column boxes per row
@@ -538,8 +458,11 @@ __global__ void __launch_bounds__(384, 1)
   };
   // An item's 128-key tiles: the union of both heads' lists (producer and consumers walk the same sequence).
   auto tiles_of = [&](const KVHeadMeta& m, int qt, int h0) {
-    return PairIter{UnionIter{make_tile_list(m, xattn, h0, qt, n_keys, block),
-                              make_tile_list(m, xattn, h0 + 1, qt, n_keys, block)}};
+    auto list = [&](int h) {
+      return walk::tile_list(m.mode, m.sink_blocks, m.local_blocks, xattn.blocks, xattn.offsets, xattn.counts, h, qt,
+                             n_keys, block);
+    };
+    return walk::PairIter{walk::UnionIter{list(h0), list(h0 + 1)}, (opts & kOptAdjacentPairs) != 0};
   };
 
   if (tid == 0) {
@@ -565,7 +488,7 @@ __global__ void __launch_bounds__(384, 1)
         item_at(j, qt, h0);
         const int kvh = h0 / group;
         const KVHeadMeta m = meta[kvh];
-        PairIter it = tiles_of(m, qt, h0);
+        walk::PairIter it = tiles_of(m, qt, h0);
         if (k > 0) mbar_wait(bar_qe, (k - 1) & 1);  // the previous item's Q is no longer read
         if (kPersistent) item_slot[k & 1] = j;       // published by the q_full arrival below
         mbar_expect_tx(bar_q, 2 * kQBytes);
@@ -616,7 +539,7 @@ __global__ void __launch_bounds__(384, 1)
       int qt, h0;
       item_at(j, qt, h0);
       const KVHeadMeta m = meta[h0 / group];
-      PairIter it = tiles_of(m, qt, h0);
+      walk::PairIter it = tiles_of(m, qt, h0);
       const int h = h0 + w;
       const int row_pos0 = qt * kBM + warp_in_wg * 16 + g;
       int n_steps = 0;  // K/V tiles of this item
@@ -638,7 +561,7 @@ __global__ void __launch_bounds__(384, 1)
         for (int ii = 0; it.next(tile, m4); ++ii, ++n_steps) {
           const int i = i0 + ii, s = i % kStages;
           const uint32_t parity = (i / kStages) & 1;
-          const int valid = head_valid(m4, w);
+          const int valid = walk::head_valid(m4, w);
           mbar_wait(bar_fk(s), parity);
           if (valid) {
             issue_s<HD>(sacc, myQ, sK + s * kTileBytes);
@@ -679,7 +602,7 @@ __global__ void __launch_bounds__(384, 1)
           pass_turn();
           wgmma_wait<0>();
           fence_regs<kWN / 2>(&sacc[0][0]);
-          softmax_step(sacc, tile, head_valid(m4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+          softmax_step(sacc, tile, walk::head_valid(m4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
           to_bf16_frags(sacc, pa);
           if constexpr (kOverlap) {
             // S_{i+1} = Q K_{i+1}^T first, then O += P_i V_i; wait for S only (wait_group 1) and run its softmax
@@ -697,7 +620,7 @@ __global__ void __launch_bounds__(384, 1)
               pass_turn();
               wgmma_wait<1>();
               fence_regs<kWN / 2>(&sacc[0][0]);
-              softmax_step(sacc, ntile, head_valid(nm4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+              softmax_step(sacc, ntile, walk::head_valid(nm4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
               wgmma_wait<0>();
               fence_regs<HD / 2>(&o[0][0]);
               __syncwarp();
@@ -739,7 +662,7 @@ __global__ void __launch_bounds__(384, 1)
             __syncwarp();
             if (lane == 0) mbar_arrive(bar_em(s));  // K_i and V_i consumed
             if (!has_next) break;
-            softmax_step(sacc, ntile, head_valid(nm4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+            softmax_step(sacc, ntile, walk::head_valid(nm4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
             rescale<HD>(o, corr);
             to_bf16_frags(sacc, pa);
           }
@@ -754,6 +677,11 @@ __global__ void __launch_bounds__(384, 1)
       i0 += n_steps;
 
       const size_t ldq = static_cast<size_t>(Hq) * HD;
+      // Non-persistent: this warpgroup's Q tile is no longer read, so O goes there in Q's swizzled layout
+      // (conflict-free 4-byte writes) and leaves with one bulk tensor store per 64 columns (rows past T clipped),
+      // instead of 64 scattered 4-byte global stores per thread. Not for the first tile of an unaligned chunk: a
+      // bulk store at a negative row faults ("illegal instruction" on the H200), so that tile stores directly.
+      const bool bulk_out = !kPersistent && (opts & kOptBulkStore) && qt * kBM - pos0 >= 0;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         float l = row_l[rr];
@@ -761,13 +689,38 @@ __global__ void __launch_bounds__(384, 1)
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         const float inv = l > 0.f ? 1.f / l : 0.f;
         const int t = row_pos0 + rr * 8 - pos0;
-        if (t < 0 || t >= T) continue;
-        __nv_bfloat16* orow = out + static_cast<size_t>(t) * ldq + static_cast<size_t>(h) * HD;
+        if (bulk_out) {
+          const int r = warp_in_wg * 16 + g + rr * 8;
 #pragma unroll
-        for (int n = 0; n < HD / 8; ++n)
-          *reinterpret_cast<uint32_t*>(orow + n * 8 + t4 * 2) = pack_bf16(o[n][rr * 2] * inv, o[n][rr * 2 + 1] * inv);
-        if (lse != nullptr && t4 == 0)
+          for (int n = 0; n < HD / 8; ++n) {
+            const uint32_t a = myQ + (n / 8) * (kBM * 128) + r * 128 + (((n % 8) ^ (r % 8)) * 16) + t4 * 4;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(pack_bf16(o[n][rr * 2] * inv, o[n][rr * 2 + 1] * inv))
+                         : "memory");
+          }
+        } else if (t >= 0 && t < T) {
+          __nv_bfloat16* orow = out + static_cast<size_t>(t) * ldq + static_cast<size_t>(h) * HD;
+#pragma unroll
+          for (int n = 0; n < HD / 8; ++n)
+            *reinterpret_cast<uint32_t*>(orow + n * 8 + t4 * 2) = pack_bf16(o[n][rr * 2] * inv, o[n][rr * 2 + 1] * inv);
+        }
+        if (lse != nullptr && t4 == 0 && t >= 0 && t < T)
           lse[static_cast<size_t>(h) * T + t] = l > 0.f ? (row_m[rr] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+      }
+      if (bulk_out) {
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes above, visible to the copy
+        asm volatile("bar.sync %0, 128;\n" ::"r"(3 + w) : "memory");    // this warpgroup's rows all written
+        if ((tid % 128) == 0) {
+          for (int hf = 0; hf < kHalves; ++hf)
+            asm volatile(
+                "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                    reinterpret_cast<uint64_t>(&tmO)),
+                "r"(myQ + hf * (kBM * 128)), "r"(hf * 64), "r"(h), "r"(qt * kBM - pos0)
+                : "memory");
+          asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+          // Until the writes are done, not just the reads of shared memory: a kernel that reads `out` next on
+          // the stream saw stale rows with `.read` alone (the model's chunked prefill, on the H200).
+          asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        }
       }
       if (!kPersistent) break;
     }  // items
@@ -815,6 +768,22 @@ int* persistent_counters() {
   return counters[dev];
 }
 
+// The wgmma kernel's options: v4 (Wgmma, NoPingpong) keeps even pairs and direct stores, the path the whole-model
+// GPU tests pass with; the overlap and persistent variants take adjacent pairs (and the overlap one bulk stores).
+// ELASTIC_ATTN_OPTS=<bits> replaces the defaults, to bisect a whole-model difference without rebuilding.
+int wgmma_opts(bool newer) {
+  const char* e = std::getenv("ELASTIC_ATTN_OPTS");
+  if (e && *e) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (*end != '\0' || v < 0 || v > 3)
+      throw std::invalid_argument(std::string("ELASTIC_ATTN_OPTS must be 0..3 (1 adjacent pairs, 2 bulk stores), got '") +
+                                  e + "'");
+    return static_cast<int>(v);
+  }
+  return newer ? kOptAdjacentPairs | kOptBulkStore : 0;
+}
+
 template <int HD, bool kPingpong, bool kPersistent, bool kOverlap = false>
 void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
   const int smem = 2 * kBM * HD * 2 + 2 * kStages * kWN * HD * 2 + 1024;  // Q tiles, K/V stages, alignment
@@ -827,6 +796,7 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
   const CUtensorMap mq = make_map(p.q, HD, p.n_heads, p.T);
   const CUtensorMap mk = make_map(p.k, HD, p.n_kv_heads, p.pos0 + p.T);
   const CUtensorMap mv = make_map(p.v, HD, p.n_kv_heads, p.pos0 + p.T);
+  const CUtensorMap mo = make_map(p.out, HD, p.n_heads, p.T);  // same shape as q: the epilogue's bulk stores
   const int qt0 = p.pos0 / kBM, qt1 = (p.pos0 + p.T - 1) / kBM, n_qtiles = qt1 - qt0 + 1;
   const float scale_log2 = 1.f / std::sqrt(static_cast<float>(HD)) * 1.4426950408889634f;
   dim3 grid(n_qtiles, p.n_heads / 2);
@@ -840,8 +810,8 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
     grid = dim3(std::min(n_qtiles * (p.n_heads / 2), n_sm), 1);
   }
   attn_fwd_wgmma<HD, kPingpong, kPersistent, kOverlap><<<grid, 384, smem, stream>>>(
-      mq, mk, mv, reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T, p.pos0, p.n_heads, p.n_kv_heads, p.block, p.meta,
-      p.xattn, n_qtiles, scale_log2, kPersistent ? persistent_counters() : nullptr);
+      mq, mk, mv, mo, reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T, p.pos0, p.n_heads, p.n_kv_heads, p.block, p.meta,
+      p.xattn, n_qtiles, scale_log2, kPersistent ? persistent_counters() : nullptr, wgmma_opts(kOverlap || kPersistent));
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -860,7 +830,28 @@ KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block) {
   return m;
 }
 
-void hybrid_attention_fwd(const HybridAttnParams& p, cudaStream_t stream) {
+// ELASTIC_ATTN_KERNEL (auto, simple, wgmma, overlap, persistent, nopingpong) replaces what Auto picks, to compare or
+// rule out a kernel inside a whole model without rebuilding; an unknown value is an error.
+AttnKernel auto_override() {
+  const char* e = std::getenv("ELASTIC_ATTN_KERNEL");
+  const std::string v = e ? e : "auto";
+  if (v == "auto" || v.empty()) return AttnKernel::Auto;
+  if (v == "simple") return AttnKernel::Simple;
+  if (v == "wgmma") return AttnKernel::Wgmma;
+  if (v == "overlap") return AttnKernel::WgmmaOverlap;
+  if (v == "persistent") return AttnKernel::WgmmaPersistent;
+  if (v == "nopingpong") return AttnKernel::WgmmaNoPingpong;
+  throw std::invalid_argument("ELASTIC_ATTN_KERNEL: unknown kernel '" + v +
+                              "' (auto, simple, wgmma, overlap, persistent, nopingpong)");
+}
+
+void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
+  HybridAttnParams p = p_in;
+  if (p.kernel == AttnKernel::Auto) {  // a wgmma kernel named in ELASTIC_ATTN_KERNEL applies to even groups only
+    const AttnKernel k = auto_override();
+    const bool even = p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0 && (p.n_heads / p.n_kv_heads) % 2 == 0;
+    if (k == AttnKernel::Simple || even) p.kernel = k;
+  }
   if (!p.q || !p.k || !p.v || !p.out || !p.meta) bad("null q, k, v, out or meta");
   if (p.T <= 0) bad("T must be > 0 (got " + std::to_string(p.T) + ")");
   if (p.pos0 < 0) bad("pos0 must be >= 0");
@@ -870,14 +861,11 @@ void hybrid_attention_fwd(const HybridAttnParams& p, cudaStream_t stream) {
   if (p.xattn.blocks && (!p.xattn.offsets || !p.xattn.counts)) bad("xattn lists need offsets and counts");
   if (p.head_dim != 64 && p.head_dim != 128) bad("head_dim must be 64 or 128 (got " + std::to_string(p.head_dim) + ")");
   const bool even_group = (p.n_heads / p.n_kv_heads) % 2 == 0;
-  if (p.kernel == AttnKernel::Wgmma && !even_group) bad("the wgmma kernel needs an even number of query heads per KV head");
-  if ((p.kernel == AttnKernel::WgmmaNoPingpong || p.kernel == AttnKernel::WgmmaPersistent ||
-       p.kernel == AttnKernel::WgmmaOverlap) &&
-      !even_group)
-    bad("the wgmma kernel needs an even number of query heads per KV head");
-  if (p.kernel == AttnKernel::Wgmma)
+  if (p.kernel != AttnKernel::Auto && p.kernel != AttnKernel::Simple && !even_group)
+    bad("the wgmma kernels need an even number of query heads per KV head");
+  if (p.kernel == AttnKernel::Wgmma || (p.kernel == AttnKernel::Auto && even_group))
     p.head_dim == 64 ? launch_wgmma<64, true, false>(p, stream) : launch_wgmma<128, true, false>(p, stream);
-  else if (p.kernel == AttnKernel::WgmmaOverlap || (p.kernel == AttnKernel::Auto && even_group))
+  else if (p.kernel == AttnKernel::WgmmaOverlap)
     p.head_dim == 64 ? launch_wgmma<64, true, false, true>(p, stream) : launch_wgmma<128, true, false, true>(p, stream);
   else if (p.kernel == AttnKernel::WgmmaPersistent)
     p.head_dim == 64 ? launch_wgmma<64, true, true, true>(p, stream) : launch_wgmma<128, true, true, true>(p, stream);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -221,6 +222,21 @@ TEST(CudaHybridAttention, RejectsBadShapes) {
   p.n_kv_heads = 4, p.kernel = cuda::AttnKernel::Wgmma;
   EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);  // group 1: no wgmma kernel
   EXPECT_THROW(cuda::make_kv_head_meta(1, 64, 64, 32), std::invalid_argument);  // block 32
+}
+
+// ELASTIC_ATTN_KERNEL replaces what Auto picks; an unknown name is an error that names the variable (thrown before
+// any launch, so this needs no GPU).
+TEST(CudaHybridAttention, UnknownKernelInEnvironmentIsAnError) {
+  cuda::HybridAttnParams p;
+  ::setenv("ELASTIC_ATTN_KERNEL", "fastest", 1);
+  try {
+    cuda::hybrid_attention_fwd(p, nullptr);
+    ADD_FAILURE() << "no error for ELASTIC_ATTN_KERNEL=fastest";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("ELASTIC_ATTN_KERNEL"), std::string::npos) << e.what();
+  }
+  ::unsetenv("ELASTIC_ATTN_KERNEL");
+  EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);  // then the null pointers
 }
 
 // GPU estimation vs xattn_select: block masses and selected masks, then attention with the GPU lists.
