@@ -756,14 +756,14 @@ CUtensorMap make_map(const void* ptr, int hd, int heads, int rows) {
 // The persistent kernel's work counter and retired-CTA count, one pair per device, zero between launches (the last
 // CTA of each launch resets them). Launches of the persistent kernel on one device must therefore not overlap in
 // time (two streams running it at once would share the counter).
-int* persistent_counters() {
+int* persistent_counters(cudaStream_t stream) {
   static int* counters[64] = {};
   int dev = 0;
   ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev < 0 || dev >= 64) throw std::runtime_error("hybrid_attention_fwd: device index out of range");
-  if (!counters[dev]) {
+  if (!counters[dev]) {  // zeroed on the launch's stream, so the clear is ordered before the first launch
     ELASTIC_CUDA_CHECK(cudaMalloc(&counters[dev], 2 * sizeof(int)));
-    ELASTIC_CUDA_CHECK(cudaMemset(counters[dev], 0, 2 * sizeof(int)));
+    ELASTIC_CUDA_CHECK(cudaMemsetAsync(counters[dev], 0, 2 * sizeof(int), stream));
   }
   return counters[dev];
 }
@@ -811,7 +811,7 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
   }
   attn_fwd_wgmma<HD, kPingpong, kPersistent, kOverlap><<<grid, 384, smem, stream>>>(
       mq, mk, mv, mo, reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T, p.pos0, p.n_heads, p.n_kv_heads, p.block, p.meta,
-      p.xattn, n_qtiles, scale_log2, kPersistent ? persistent_counters() : nullptr, wgmma_opts(kOverlap || kPersistent));
+      p.xattn, n_qtiles, scale_log2, kPersistent ? persistent_counters(stream) : nullptr, wgmma_opts(kOverlap || kPersistent));
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 

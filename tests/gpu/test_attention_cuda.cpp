@@ -203,6 +203,11 @@ TEST(CudaHybridAttention, ChunkedPrefillAligned) {
 TEST(CudaHybridAttention, ChunkedPrefillBlock128Gqa2) {
   run_prefill_case({600, 128, 8, 4, 128, 128, 100, 300, {X, S, F, X}, 2.f});
 }
+// A last chunk shorter than one 64-row tile (the whole-model tests' 300 tokens in chunks of 128 end with 44 rows),
+// group 4, hd 128, block 64, streaming sink 64 / local 128 as there.
+TEST(CudaHybridAttention, ShortLastChunk) {
+  run_prefill_case({44, 256, 8, 2, 128, 64, 64, 128, {S, F}, 2.f});
+}
 TEST(CudaHybridAttention, ChunkedPrefillUnaligned) {
   run_prefill_case({133, 300, 8, 2, 64, 64, 64, 128, {S, X}, 1.f});
 }
@@ -228,6 +233,9 @@ TEST(CudaHybridAttention, RejectsBadShapes) {
 // any launch, so this needs no GPU).
 TEST(CudaHybridAttention, UnknownKernelInEnvironmentIsAnError) {
   cuda::HybridAttnParams p;
+  // Restored afterwards: a suite run under ELASTIC_ATTN_KERNEL=<kernel> must keep that kernel for later tests.
+  const char* prev = std::getenv("ELASTIC_ATTN_KERNEL");
+  const std::string saved = prev ? prev : "";
   ::setenv("ELASTIC_ATTN_KERNEL", "fastest", 1);
   try {
     cuda::hybrid_attention_fwd(p, nullptr);
@@ -237,6 +245,7 @@ TEST(CudaHybridAttention, UnknownKernelInEnvironmentIsAnError) {
   }
   ::unsetenv("ELASTIC_ATTN_KERNEL");
   EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);  // then the null pointers
+  if (prev) ::setenv("ELASTIC_ATTN_KERNEL", saved.c_str(), 1);
 }
 
 // GPU estimation vs xattn_select: block masses and selected masks, then attention with the GPU lists.

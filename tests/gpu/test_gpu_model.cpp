@@ -147,6 +147,7 @@ TEST_P(GpuModelTest, RouterDecidesLikeCpu) {
   auto g = cuda::GpuModel::upload(m, o);
   int agree = 0, total = 0;
   for (int trial = 0; trial < 4; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
     const auto ids = random_ids(300, m.config.vocab, rng);
     std::vector<float> got;
     g->prefill(ids.data(), int(ids.size()), nullptr, router.get(), &got, true);
