@@ -247,13 +247,16 @@ int main(int argc, char** argv) {
     // The other kernels on the same input, for comparison (the persistent one also on all-streaming layers).
     // Each variant's all-streaming row is costed against the same variant's all-full time (last column).
     const double t_v4 = uniform_ms(mf, AttnKernel::Wgmma), t_ov = uniform_ms(mf, AttnKernel::WgmmaOverlap),
+                 t_on = uniform_ms(mf, AttnKernel::WgmmaOverlapNoPingpong),
                  t_pe = uniform_ms(mf, AttnKernel::WgmmaPersistent);
     row("full (wgmma v4: pingpong)", 0.0, t_v4, pairs_full);
     row("full (wgmma, no pingpong)", 0.0, uniform_ms(mf, AttnKernel::WgmmaNoPingpong), pairs_full);
     row("full (wgmma, overlap)", 0.0, t_ov, pairs_full);
+    row("full (wgmma, overlap, no pingpong)", 0.0, t_on, pairs_full);
     row("full (wgmma, persistent)", 0.0, t_pe, pairs_full);
     row("ssa (wgmma v4: pingpong)", 1.0, uniform_ms(ms, AttnKernel::Wgmma), pairs_ssa, t_v4);
     row("ssa (wgmma, overlap)", 1.0, uniform_ms(ms, AttnKernel::WgmmaOverlap), pairs_ssa, t_ov);
+    row("ssa (wgmma, overlap, no pingpong)", 1.0, uniform_ms(ms, AttnKernel::WgmmaOverlapNoPingpong), pairs_ssa, t_on);
     row("ssa (wgmma, persistent)", 1.0, uniform_ms(ms, AttnKernel::WgmmaPersistent), pairs_ssa, t_pe);
     if (!kernels_only) row("full (simple kernel)", 0.0, uniform_ms(mf, AttnKernel::Simple), pairs_full);
     row("ssa", 1.0, uniform_ms(ms, AttnKernel::Auto), pairs_ssa);

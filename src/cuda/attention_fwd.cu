@@ -830,7 +830,7 @@ KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block) {
   return m;
 }
 
-// ELASTIC_ATTN_KERNEL (auto, simple, wgmma, overlap, persistent, nopingpong) replaces what Auto picks, to compare or
+// ELASTIC_ATTN_KERNEL (auto, simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong) replaces what Auto picks, to compare or
 // rule out a kernel inside a whole model without rebuilding; an unknown value is an error.
 AttnKernel auto_override() {
   const char* e = std::getenv("ELASTIC_ATTN_KERNEL");
@@ -841,8 +841,9 @@ AttnKernel auto_override() {
   if (v == "overlap") return AttnKernel::WgmmaOverlap;
   if (v == "persistent") return AttnKernel::WgmmaPersistent;
   if (v == "nopingpong") return AttnKernel::WgmmaNoPingpong;
+  if (v == "overlap-nopingpong") return AttnKernel::WgmmaOverlapNoPingpong;
   throw std::invalid_argument("ELASTIC_ATTN_KERNEL: unknown kernel '" + v +
-                              "' (auto, simple, wgmma, overlap, persistent, nopingpong)");
+                              "' (auto, simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong)");
 }
 
 void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
@@ -867,6 +868,8 @@ void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
     p.head_dim == 64 ? launch_wgmma<64, true, false>(p, stream) : launch_wgmma<128, true, false>(p, stream);
   else if (p.kernel == AttnKernel::WgmmaOverlap)
     p.head_dim == 64 ? launch_wgmma<64, true, false, true>(p, stream) : launch_wgmma<128, true, false, true>(p, stream);
+  else if (p.kernel == AttnKernel::WgmmaOverlapNoPingpong)
+    p.head_dim == 64 ? launch_wgmma<64, false, false, true>(p, stream) : launch_wgmma<128, false, false, true>(p, stream);
   else if (p.kernel == AttnKernel::WgmmaPersistent)
     p.head_dim == 64 ? launch_wgmma<64, true, true, true>(p, stream) : launch_wgmma<128, true, true, true>(p, stream);
   else if (p.kernel == AttnKernel::WgmmaNoPingpong)

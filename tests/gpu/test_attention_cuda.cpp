@@ -158,6 +158,7 @@ void run_prefill_case_with(const Case& c, cuda::AttnKernel kernel) {
                       : kernel == cuda::AttnKernel::WgmmaNoPingpong ? "wgmma-no-pingpong"
                       : kernel == cuda::AttnKernel::WgmmaPersistent ? "wgmma-persistent"
                       : kernel == cuda::AttnKernel::WgmmaOverlap    ? "wgmma-overlap"
+                      : kernel == cuda::AttnKernel::WgmmaOverlapNoPingpong ? "wgmma-overlap-no-pingpong"
                                                                     : "simple";
   EXPECT_EQ(bad, 0u) << kname << ": unwritten or non-finite outputs";
   EXPECT_LT(std::sqrt(err2 / ref2), 1e-2) << kname << ": relative L2 error of out";
@@ -171,6 +172,7 @@ void run_prefill_case(const Case& c) {
     run_prefill_case_with(c, cuda::AttnKernel::Wgmma);
     run_prefill_case_with(c, cuda::AttnKernel::WgmmaNoPingpong);
     run_prefill_case_with(c, cuda::AttnKernel::WgmmaOverlap);
+    run_prefill_case_with(c, cuda::AttnKernel::WgmmaOverlapNoPingpong);
     run_prefill_case_with(c, cuda::AttnKernel::WgmmaPersistent);
   }
 }
