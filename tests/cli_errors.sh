@@ -58,6 +58,8 @@ expect_fail "exceeds the model's 128-token context" $BIN eval -m $FX/qwen3_tiny 
 # The GPU backend refuses shapes its kernels do not run, and says when there is no device (CI has none).
 expect_fail "head_dim 32 is not supported" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --device cuda
 expect_fail "--device" $BIN bench --device tpu
+expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
+expect_fail "--attn-kernel" $BIN bench --device cuda --attn-kernel fastest
 expect_fail "--device" $BIN train-router -m $FX/qwen3_tiny --device tpu
 expect_fail "leaves no room for the answer" $BIN train-router -m $FX/qwen3_tiny --max-len 256 --builtin-len 100,250
 expect_fail "head_dim 32 is not supported" $BIN train-router -m $FX/qwen3_tiny --device cuda --steps 1 --batch 1 \

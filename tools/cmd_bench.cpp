@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -106,7 +107,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     std::string model, shape = "tiny", ctx = "512,1024", modes = "full,ssa,xattn,hybrid@0.5,hybrid@0.7,hybrid@0.9",
                        out = "md";
     int layers = 0, vocab = 0, reps = 3, threads = 0, chunk = 16384, decode = 32;
-    std::string device = "cpu";
+    std::string device = "cpu", attn_kernel;
     uint64_t seed = 0;
     SparseSettings sparse;
   };
@@ -130,6 +131,9 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--device", o->device, "cpu, or cuda (bf16 GPU backend)")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--decode", o->decode, "GPU: decode steps timed after each row's prefill (0 = none)")
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--attn-kernel", o->attn_kernel,
+                  "GPU: prefill attention kernel variant (default auto; docs/CUDA_ATTENTION.md compares them)")
+      ->check(CLI::IsMember({"auto", "simple", "wgmma", "overlap", "overlap-nopingpong", "persistent", "nopingpong"}));
   cmds.push_back({sub, [o] {
     set_threads(o->threads);
     o->sparse.xattn.block = o->sparse.block;
@@ -139,6 +143,11 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     const std::vector<std::string> modes = split(o->modes);
     if (ctxs.empty() || modes.empty()) throw std::runtime_error("bench: give at least one context and one mode");
     const bool gpu = o->device == "cuda";
+    if (!o->attn_kernel.empty()) {
+      if (!gpu) throw std::runtime_error("bench: --attn-kernel needs --device cuda");
+      ::setenv("ELASTIC_ATTN_KERNEL", o->attn_kernel.c_str(), 1);  // read by every attention launch
+      std::fprintf(stderr, "bench: attention kernel %s\n", o->attn_kernel.c_str());
+    }
 #ifndef ELASTIC_HAVE_CUDA
     if (gpu) throw std::runtime_error("bench: this build has no CUDA backend (--device cuda)");
 #endif
