@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <map>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -37,8 +39,22 @@ struct Case {
   float q_sd = 1.f;
 };
 
-// Runs one prefill case on CPU and GPU and compares out and lse.
-void run_prefill_case_with(const Case& c, cuda::AttnKernel kernel) {
+const char* kernel_name(cuda::AttnKernel k) {
+  switch (k) {
+    case cuda::AttnKernel::Wgmma: return "wgmma";
+    case cuda::AttnKernel::WgmmaNoPingpong: return "wgmma-no-pingpong";
+    case cuda::AttnKernel::WgmmaPersistent: return "wgmma-persistent";
+    case cuda::AttnKernel::WgmmaOverlap: return "wgmma-overlap";
+    case cuda::AttnKernel::WgmmaOverlapNoPingpong: return "wgmma-overlap-no-pingpong";
+    case cuda::AttnKernel::Simple: return "simple";
+    case cuda::AttnKernel::Auto: return "auto";
+  }
+  return "?";
+}
+
+// Draws one prefill case's inputs, computes the CPU reference once, then runs each kernel of `kernels` on the same
+// inputs (outputs poisoned before every launch) and compares out and lse.
+void run_prefill_case_with(const Case& c, std::initializer_list<cuda::AttnKernel> kernels) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(std::random_device{}());
   const int n_pos = c.pos0 + c.T, hd = c.hd, B = c.block, nb = (n_pos + B - 1) / B, group = c.Hq / c.Hkv;
@@ -135,8 +151,8 @@ void run_prefill_case_with(const Case& c, cuda::AttnKernel kernel) {
     return x;
   };
   Dev<uint16_t> dq(with_slack(q, c.Hq)), dk(with_slack(k, c.Hkv)), dv(with_slack(v, c.Hkv)),
-      dout(std::vector<uint16_t>(q.size() + slack_rows * c.Hq * hd, kNaNBf16));
-  Dev<float> dlse(std::vector<float>(size_t(c.Hq) * c.T, NAN));
+      dout(q.size() + slack_rows * c.Hq * hd);
+  Dev<float> dlse(size_t(c.Hq) * c.T);
   Dev<cuda::KVHeadMeta> dmeta(meta);
   Dev<int32_t> dblocks(blocks.empty() ? std::vector<int32_t>{0} : blocks), doff(offsets), dcnt(counts);
   cuda::HybridAttnParams p;
@@ -144,49 +160,50 @@ void run_prefill_case_with(const Case& c, cuda::AttnKernel kernel) {
   p.T = c.T, p.pos0 = c.pos0, p.n_heads = c.Hq, p.n_kv_heads = c.Hkv, p.head_dim = hd, p.block = B;
   p.meta = dmeta.p;
   if (xsel) p.xattn = {dblocks.p, doff.p, dcnt.p};
-  p.kernel = kernel;
-  cuda::hybrid_attention_fwd(p, nullptr);
-  ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
-  auto out = dout.down();
-  size_t written_past_T = 0;
-  for (size_t i = q.size(); i < out.size(); ++i) written_past_T += out[i] != kNaNBf16;
-  out.resize(q.size());
-  const auto lse = dlse.down();
+  std::map<cuda::AttnKernel, std::vector<uint16_t>> earlier;  // a kernel run twice must repeat itself exactly
+  for (const cuda::AttnKernel kernel : kernels) {
+    const char* kname = kernel_name(kernel);
+    dout.up(std::vector<uint16_t>(dout.n, kNaNBf16));
+    dlse.up(std::vector<float>(dlse.n, NAN));
+    p.kernel = kernel;
+    cuda::hybrid_attention_fwd(p, nullptr);
+    ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+    auto out = dout.down();
+    size_t written_past_T = 0;
+    for (size_t i = q.size(); i < out.size(); ++i) written_past_T += out[i] != kNaNBf16;
+    out.resize(q.size());
+    const auto lse = dlse.down();
+    if (earlier.count(kernel)) EXPECT_TRUE(out == earlier[kernel]) << kname << ": a second run gave other outputs";
+    earlier[kernel] = out;
 
-  double err2 = 0, ref2 = 0, lse_err = 0;
-  size_t bad = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    const double g = from_bf16(out[i]), r = out_ref[i];
-    if (!std::isfinite(g)) ++bad;
-    err2 += (g - r) * (g - r);
-    ref2 += r * r;
+    double err2 = 0, ref2 = 0, lse_err = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const double g = from_bf16(out[i]), r = out_ref[i];
+      if (!std::isfinite(g)) ++bad;
+      err2 += (g - r) * (g - r);
+      ref2 += r * r;
+    }
+    for (size_t i = 0; i < lse.size(); ++i) {
+      if (!std::isfinite(lse[i])) ++bad;
+      lse_err = std::max(lse_err, std::abs(double(lse[i]) - lse_ref[i]));
+    }
+    EXPECT_EQ(bad, 0u) << kname << ": unwritten or non-finite outputs";
+    EXPECT_EQ(written_past_T, 0u) << kname << ": values written past row T of out";
+    EXPECT_LT(std::sqrt(err2 / ref2), 1e-2) << kname << ": relative L2 error of out";
+    EXPECT_LT(lse_err, 2e-2) << kname << ": max |lse - cpu lse|";
   }
-  for (size_t i = 0; i < lse.size(); ++i) {
-    if (!std::isfinite(lse[i])) ++bad;
-    lse_err = std::max(lse_err, std::abs(double(lse[i]) - lse_ref[i]));
-  }
-  const char* kname = kernel == cuda::AttnKernel::Wgmma             ? "wgmma"
-                      : kernel == cuda::AttnKernel::WgmmaNoPingpong ? "wgmma-no-pingpong"
-                      : kernel == cuda::AttnKernel::WgmmaPersistent ? "wgmma-persistent"
-                      : kernel == cuda::AttnKernel::WgmmaOverlap    ? "wgmma-overlap"
-                      : kernel == cuda::AttnKernel::WgmmaOverlapNoPingpong ? "wgmma-overlap-no-pingpong"
-                                                                    : "simple";
-  EXPECT_EQ(bad, 0u) << kname << ": unwritten or non-finite outputs";
-  EXPECT_EQ(written_past_T, 0u) << kname << ": values written past row T of out";
-  EXPECT_LT(std::sqrt(err2 / ref2), 1e-2) << kname << ": relative L2 error of out";
-  EXPECT_LT(lse_err, 2e-2) << kname << ": max |lse - cpu lse|";
 }
 
-// Every case through the simple kernel, and through the wgmma variants where the GQA group is even (fresh inputs).
+// Every case through the simple kernel, and through the wgmma variants where the GQA group is even (fresh inputs
+// per case, shared by its kernels so the CPU reference runs once).
 void run_prefill_case(const Case& c) {
-  run_prefill_case_with(c, cuda::AttnKernel::Simple);
-  if ((c.Hq / c.Hkv) % 2 == 0) {
-    run_prefill_case_with(c, cuda::AttnKernel::Wgmma);
-    run_prefill_case_with(c, cuda::AttnKernel::WgmmaNoPingpong);
-    run_prefill_case_with(c, cuda::AttnKernel::WgmmaOverlap);
-    run_prefill_case_with(c, cuda::AttnKernel::WgmmaOverlapNoPingpong);
-    run_prefill_case_with(c, cuda::AttnKernel::WgmmaPersistent);
-  }
+  using K = cuda::AttnKernel;
+  if ((c.Hq / c.Hkv) % 2 == 0)
+    run_prefill_case_with(c, {K::Simple, K::Wgmma, K::WgmmaNoPingpong, K::WgmmaOverlap, K::WgmmaOverlapNoPingpong,
+                              K::WgmmaPersistent});
+  else
+    run_prefill_case_with(c, {K::Simple});
 }
 
 const auto F = HeadMode::Full, S = HeadMode::Streaming, X = HeadMode::XAttn;
@@ -206,9 +223,9 @@ TEST(CudaHybridAttention, FullGqa2Hd64Long) { run_prefill_case({1500, 0, 4, 2, 6
 // The persistent kernel runs three times in a row here: its work counter must be back at zero after each launch.
 TEST(CudaHybridAttention, ManyItemsPerSm) {
   const Case c{4096, 0, 16, 8, 64, 64, 128, 512, {F, S, F, X, S, F, X, F}, 2.f};
-  run_prefill_case(c);
-  run_prefill_case_with(c, cuda::AttnKernel::WgmmaPersistent);
-  run_prefill_case_with(c, cuda::AttnKernel::WgmmaPersistent);
+  using K = cuda::AttnKernel;
+  run_prefill_case_with(c, {K::Simple, K::Wgmma, K::WgmmaNoPingpong, K::WgmmaOverlap, K::WgmmaOverlapNoPingpong,
+                            K::WgmmaPersistent, K::WgmmaPersistent, K::WgmmaPersistent});
 }
 TEST(CudaHybridAttention, AllStreamingNoSink) { run_prefill_case({450, 0, 8, 2, 64, 64, 0, 64, {S, S}}); }
 TEST(CudaHybridAttention, ChunkedPrefillAligned) {
