@@ -106,6 +106,12 @@ struct DecodeKVHead {
   int32_t sink_slots = 0, ring_slots = 0;
   int32_t mode = 0, sink_blocks = 0, local_blocks = 1, pad = 0;
 };
+// How the per-split partials are merged. Serial: one thread per output dimension walks every split in turn (two
+// dependent passes). Parallel: the split maxima are reduced by the whole CTA, then the splits are shared among
+// 256 / hd groups of threads, 4 loads in flight each, summed in a fixed order (so graph replays stay bit-identical).
+// Auto: ELASTIC_DECODE_COMBINE (serial or parallel) when set, else Serial until the parallel merge has been timed
+// on a GPU.
+enum class DecodeCombine : int { Auto = 0, Serial = 1, Parallel = 2 };
 struct DecodeParams {
   const uint16_t* q = nullptr;        // [Hq, hd] bf16
   uint16_t* out = nullptr;            // [Hq, hd] bf16
@@ -118,6 +124,7 @@ struct DecodeParams {
   // With n_pos_dev: the largest n_pos it will hold (> 0). The grid and the workspace are sized for it
   // (decode_workspace_floats(n_heads, head_dim, max_pos)); splits past the live n_pos write empty partials.
   int max_pos = 0;
+  DecodeCombine combine = DecodeCombine::Auto;
 };
 // Host check of a head table before it goes to the device: throws naming the head when a streaming head's cache
 // cannot hold its sink blocks or its window (or the mode is unknown).

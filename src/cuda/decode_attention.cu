@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -175,13 +176,64 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Live splits for a device n_pos: merge only those (the rest are empty anyway); this keeps the merge as cheap as on
+// the host path when max_pos is far above n_pos. n_pos <= 0 merges nothing (NaN output, as documented).
+__device__ __forceinline__ int live_splits(int n_splits, const int32_t* n_pos_dev) {
+  return n_pos_dev ? min(n_splits, max(0, (*n_pos_dev + kChunk - 1) / kChunk)) : n_splits;
+}
+
+// Parallel merge, one CTA of kCombineThreads per query head. The split maxima: strided over all threads, then a
+// block reduction. The weighted sums: thread (part, d) takes splits part, part + kParts, ... (4 loads in flight per
+// thread instead of one dependent load per split), and the kParts partial sums meet in shared memory in part order.
+constexpr int kCombineThreads = 256;
+template <int HD>
+__global__ void __launch_bounds__(kCombineThreads)
+    decode_combine_parallel(const float* __restrict__ ws, int n_splits, int Hq, __nv_bfloat16* __restrict__ out,
+                            const int32_t* __restrict__ n_pos_dev) {
+  constexpr int kParts = kCombineThreads / HD;
+  const int h = blockIdx.x, tid = threadIdx.x, d = tid % HD, part = tid / HD, lane = tid % 32, warp = tid / 32;
+  n_splits = live_splits(n_splits, n_pos_dev);
+  __shared__ float red[kCombineThreads / 32], so[kParts][HD], sls[kParts];
+  __shared__ float smax;
+  float M = -INFINITY;
+  for (int s = tid; s < n_splits; s += kCombineThreads) M = fmaxf(M, ws[(static_cast<size_t>(s) * Hq + h) * (HD + 2) + HD]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  if (lane == 0) red[warp] = M;
+  __syncthreads();
+  if (tid == 0) {
+    float m = -INFINITY;
+    for (int w = 0; w < kCombineThreads / 32; ++w) m = fmaxf(m, red[w]);
+    smax = m;
+  }
+  __syncthreads();
+  M = smax;
+  float o = 0.f, l = 0.f;
+#pragma unroll 4
+  for (int s = part; s < n_splits; s += kParts) {
+    const float* w = ws + (static_cast<size_t>(s) * Hq + h) * (HD + 2);
+    const float m = w[HD];
+    if (m == -INFINITY) continue;  // empty split: its output rows were never written
+    const float c = __expf(m - M);
+    o += w[d] * c;
+    l += w[HD + 1] * c;
+  }
+  so[part][d] = o;
+  if (d == 0) sls[part] = l;
+  __syncthreads();
+  if (part == 0) {
+    float ot = 0.f, lt = 0.f;
+#pragma unroll
+    for (int p = 0; p < kParts; ++p) ot += so[p][d], lt += sls[p];
+    out[static_cast<size_t>(h) * HD + d] = __float2bfloat16(ot / lt);
+  }
+}
+
 template <int HD>
 __global__ void decode_combine(const float* __restrict__ ws, int n_splits, int Hq, __nv_bfloat16* __restrict__ out,
                                const int32_t* __restrict__ n_pos_dev) {
   const int h = blockIdx.x;
-  // Device n_pos: merge only the live splits (the rest are empty anyway); this keeps the merge as cheap as on the
-  // host path when max_pos is far above n_pos. n_pos <= 0 merges nothing (NaN output, as documented).
-  if (n_pos_dev) n_splits = min(n_splits, max(0, (*n_pos_dev + kChunk - 1) / kChunk));
+  n_splits = live_splits(n_splits, n_pos_dev);
   float M = -INFINITY;
   for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ws[(static_cast<size_t>(s) * Hq + h) * (HD + 2) + HD]);
   for (int d = threadIdx.x; d < HD; d += blockDim.x) {
@@ -199,11 +251,24 @@ __global__ void decode_combine(const float* __restrict__ ws, int n_splits, int H
 
 void bad(const std::string& what) { throw std::invalid_argument("decode_attention: " + what); }
 
+// Auto: ELASTIC_DECODE_COMBINE (serial, parallel) when set, else Serial. Read per call (cheap next to a launch), so a
+// graph captures whichever merge was in force at capture time.
+DecodeCombine combine_for(DecodeCombine c) {
+  if (c != DecodeCombine::Auto) return c;
+  const char* e = std::getenv("ELASTIC_DECODE_COMBINE");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "serial") return DecodeCombine::Serial;
+  if (v == "parallel") return DecodeCombine::Parallel;
+  bad("ELASTIC_DECODE_COMBINE must be serial or parallel (got '" + v + "')");
+  return DecodeCombine::Serial;
+}
+
 int n_splits_for(int n_pos) { return (n_pos + kChunk - 1) / kChunk; }
 
 template <int HD>
 void launch(const DecodeParams& p, cudaStream_t stream) {
   // With a device n_pos the grid (and the workspace) covers max_pos; the kernels find the live splits themselves.
+  const bool parallel_merge = combine_for(p.combine) == DecodeCombine::Parallel;  // may throw: before any launch
   const int grid_pos = p.n_pos_dev ? p.max_pos : p.n_pos;
   const int splits = n_splits_for(grid_pos);
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
@@ -213,8 +278,12 @@ void launch(const DecodeParams& p, cudaStream_t stream) {
       reinterpret_cast<const __nv_bfloat16*>(p.q), p.heads, p.n_pos, p.n_pos_dev, grid_pos, p.n_heads, p.n_kv_heads,
       p.block, scale, p.workspace);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
-  decode_combine<HD><<<p.n_heads, HD, 0, stream>>>(p.workspace, splits, p.n_heads,
-                                                   reinterpret_cast<__nv_bfloat16*>(p.out), p.n_pos_dev);
+  if (parallel_merge)
+    decode_combine_parallel<HD><<<p.n_heads, kCombineThreads, 0, stream>>>(
+        p.workspace, splits, p.n_heads, reinterpret_cast<__nv_bfloat16*>(p.out), p.n_pos_dev);
+  else
+    decode_combine<HD><<<p.n_heads, HD, 0, stream>>>(p.workspace, splits, p.n_heads,
+                                                     reinterpret_cast<__nv_bfloat16*>(p.out), p.n_pos_dev);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -250,6 +319,8 @@ void decode_attention(const DecodeParams& p, cudaStream_t stream) {
     bad("n_heads must be a positive multiple of n_kv_heads");
   if (p.n_heads / p.n_kv_heads > kMaxGroup) bad("query heads per KV head must be <= 16");
   if (p.block != 64 && p.block != 128) bad("block must be 64 or 128");
+  if (p.combine != DecodeCombine::Auto && p.combine != DecodeCombine::Serial && p.combine != DecodeCombine::Parallel)
+    bad("unknown combine value " + std::to_string(static_cast<int>(p.combine)));
   if (p.head_dim == 64)
     launch<64>(p, stream);
   else if (p.head_dim == 128)

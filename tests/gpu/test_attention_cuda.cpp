@@ -437,22 +437,24 @@ TEST(CudaDecodeAttention, RingCacheMatchesCpu) {
     cuda::DecodeParams dp;
     dp.q = dq.p, dp.out = dout.p, dp.heads = dheads.p, dp.n_pos = c.n_pos, dp.n_heads = c.Hq;
     dp.n_kv_heads = c.Hkv, dp.head_dim = hd, dp.block = c.B, dp.workspace = ws.p;
-    cuda::decode_attention(dp, nullptr);
-    ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
-    auto out = dout.down();
-  size_t written_past_T = 0;
-  for (size_t i = q.size(); i < out.size(); ++i) written_past_T += out[i] != kNaNBf16;
-  out.resize(q.size());
-    double err2 = 0, ref2 = 0;
-    size_t bad = 0;
-    for (size_t i = 0; i < out.size(); ++i) {
-      const double g = from_bf16(out[i]), r = out_ref[i];
-      bad += !std::isfinite(g);
-      err2 += (g - r) * (g - r);
-      ref2 += r * r;
+    for (const auto combine : {cuda::DecodeCombine::Serial, cuda::DecodeCombine::Parallel}) {
+      const char* cname = combine == cuda::DecodeCombine::Serial ? "serial merge" : "parallel merge";
+      dp.combine = combine;
+      dout.up(std::vector<uint16_t>(q.size(), kNaNBf16));
+      cuda::decode_attention(dp, nullptr);
+      ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto out = dout.down();
+      double err2 = 0, ref2 = 0;
+      size_t bad = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        const double g = from_bf16(out[i]), r = out_ref[i];
+        bad += !std::isfinite(g);
+        err2 += (g - r) * (g - r);
+        ref2 += r * r;
+      }
+      EXPECT_EQ(bad, 0u) << cname;
+      EXPECT_LT(std::sqrt(err2 / ref2), 1e-2) << cname << ", n_pos " << c.n_pos;
     }
-    EXPECT_EQ(bad, 0u);
-    EXPECT_LT(std::sqrt(err2 / ref2), 1e-2) << "n_pos " << c.n_pos;
   }
 }
 
@@ -464,4 +466,27 @@ TEST(CudaDecodeAttention, RejectsTooSmallRing) {
   EXPECT_THROW(cuda::validate_decode_heads(&h, 1, 64), std::invalid_argument);
   h.ring_slots = 128;
   EXPECT_NO_THROW(cuda::validate_decode_heads(&h, 1, 64));
+}
+
+// An unknown ELASTIC_DECODE_COMBINE is an error naming the variable, raised before any launch (no GPU needed).
+TEST(CudaDecodeAttention, UnknownCombineInEnvironmentIsAnError) {
+  const char* prev = std::getenv("ELASTIC_DECODE_COMBINE");
+  const std::string saved = prev ? prev : "";
+  uint16_t d = 0;
+  float w = 0;
+  cuda::DecodeKVHead h;
+  cuda::DecodeParams p;
+  p.q = p.out = &d, p.heads = &h, p.workspace = &w;
+  p.n_pos = 10, p.n_heads = 4, p.n_kv_heads = 2, p.head_dim = 128, p.block = 64;
+  ::setenv("ELASTIC_DECODE_COMBINE", "tree", 1);
+  try {
+    cuda::decode_attention(p, nullptr);
+    ADD_FAILURE() << "no error for ELASTIC_DECODE_COMBINE=tree";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("ELASTIC_DECODE_COMBINE"), std::string::npos) << e.what();
+  }
+  if (prev) ::setenv("ELASTIC_DECODE_COMBINE", saved.c_str(), 1);
+  else ::unsetenv("ELASTIC_DECODE_COMBINE");
+  p.combine = static_cast<cuda::DecodeCombine>(7);
+  EXPECT_THROW(cuda::decode_attention(p, nullptr), std::invalid_argument);
 }
