@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const float2 l = *reinterpret_cast<const float2*>(L + j * 8 + 2 * t4);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float p = exp2f(s[j][e] * scale_log2 - ((e & 1) ? l.y : l.x));
+        float p = exp2_ftz(s[j][e] * scale_log2 - ((e & 1) ? l.y : l.x));
         if (diag && key_r0 + (e >> 1) * 8 > qt * kBM + j * 8 + 2 * t4 + (e & 1)) p = 0.f;
         s[j][e] = p;
       }

@@ -151,13 +151,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(row_m[rr], mx * scale_log2);
       const float base = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: keep exp finite
-      corr[rr] = exp2f(row_m[rr] - base);
+      corr[rr] = exp2_ftz(row_m[rr] - base);
       row_m[rr] = m_new;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j) {
-        s[j][rr * 2] = exp2f(s[j][rr * 2] * scale_log2 - base);
-        s[j][rr * 2 + 1] = exp2f(s[j][rr * 2 + 1] * scale_log2 - base);
+        s[j][rr * 2] = exp2_ftz(s[j][rr * 2] * scale_log2 - base);
+        s[j][rr * 2 + 1] = exp2_ftz(s[j][rr * 2 + 1] * scale_log2 - base);
         sum += s[j][rr * 2] + s[j][rr * 2 + 1];
       }
       row_l[rr] = row_l[rr] * corr[rr] + sum;  // quad-partial sums, reduced at the end
@@ -377,13 +377,13 @@ __device__ __forceinline__ void softmax_step(float (&s)[kWN / 8][4], int first, 
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(row_m[rr], mx * scale_log2);
     const float bse = m_new == -INFINITY ? 0.f : m_new;
-    corr[rr] = exp2f(row_m[rr] - bse);
+    corr[rr] = exp2_ftz(row_m[rr] - bse);
     row_m[rr] = m_new;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < kWN / 8; ++j) {
-      s[j][rr * 2] = exp2f(s[j][rr * 2] * scale_log2 - bse);
-      s[j][rr * 2 + 1] = exp2f(s[j][rr * 2 + 1] * scale_log2 - bse);
+      s[j][rr * 2] = exp2_ftz(s[j][rr * 2] * scale_log2 - bse);
+      s[j][rr * 2 + 1] = exp2_ftz(s[j][rr * 2 + 1] * scale_log2 - bse);
       sum += s[j][rr * 2] + s[j][rr * 2 + 1];
     }
     row_l[rr] = row_l[rr] * corr[rr] + sum;
