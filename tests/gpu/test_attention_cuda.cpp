@@ -143,24 +143,29 @@ void run_prefill_case_with(const Case& c, std::initializer_list<cuda::AttnKernel
   // GPU.
   std::vector<cuda::KVHeadMeta> meta(c.Hkv);
   for (int h = 0; h < c.Hkv; ++h) meta[h] = cuda::make_kv_head_meta(static_cast<int>(c.modes[h]), c.sink, c.local, B);
-  // Every device tensor has NaN rows past its end, as the model's scratch buffers hold stale rows past pos0 + T:
-  // a kernel that reads past the rows it was given turns its output NaN, and one that writes past T is caught below.
+  // Every device tensor sits between NaN rows (200 before, 200 after), as the model's scratch buffers hold stale
+  // rows around the ones a call is given: a kernel that reads outside its rows turns its output NaN, and one that
+  // writes outside rows [0, T) of out (e.g. a bulk store at a negative row) is caught below.
   const size_t slack_rows = 200;
-  auto with_slack = [&](std::vector<uint16_t> x, int heads) {
-    x.resize(x.size() + slack_rows * heads * hd, kNaNBf16);
-    return x;
+  auto with_slack = [&](const std::vector<uint16_t>& x, int heads) {
+    std::vector<uint16_t> y(slack_rows * heads * hd, kNaNBf16);
+    y.insert(y.end(), x.begin(), x.end());
+    y.resize(y.size() + slack_rows * heads * hd, kNaNBf16);
+    return y;
   };
+  const size_t q_slack = slack_rows * c.Hq * hd, kv_slack = slack_rows * c.Hkv * hd;
   Dev<uint16_t> dq(with_slack(q, c.Hq)), dk(with_slack(k, c.Hkv)), dv(with_slack(v, c.Hkv)),
-      dout(q.size() + slack_rows * c.Hq * hd);
+      dout(q.size() + 2 * q_slack);
   Dev<float> dlse(size_t(c.Hq) * c.T);
   Dev<cuda::KVHeadMeta> dmeta(meta);
   Dev<int32_t> dblocks(blocks.empty() ? std::vector<int32_t>{0} : blocks), doff(offsets), dcnt(counts);
   cuda::HybridAttnParams p;
-  p.q = dq.p, p.k = dk.p, p.v = dv.p, p.out = dout.p, p.lse = dlse.p;
+  p.q = dq.p + q_slack, p.k = dk.p + kv_slack, p.v = dv.p + kv_slack, p.out = dout.p + q_slack, p.lse = dlse.p;
   p.T = c.T, p.pos0 = c.pos0, p.n_heads = c.Hq, p.n_kv_heads = c.Hkv, p.head_dim = hd, p.block = B;
   p.meta = dmeta.p;
   if (xsel) p.xattn = {dblocks.p, doff.p, dcnt.p};
-  std::map<cuda::AttnKernel, std::vector<uint16_t>> earlier;  // a kernel run twice must repeat itself exactly
+  // A kernel run twice must repeat itself exactly (out and lse).
+  std::map<cuda::AttnKernel, std::pair<std::vector<uint16_t>, std::vector<float>>> earlier;
   for (const cuda::AttnKernel kernel : kernels) {
     const char* kname = kernel_name(kernel);
     dout.up(std::vector<uint16_t>(dout.n, kNaNBf16));
@@ -168,13 +173,17 @@ void run_prefill_case_with(const Case& c, std::initializer_list<cuda::AttnKernel
     p.kernel = kernel;
     cuda::hybrid_attention_fwd(p, nullptr);
     ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
-    auto out = dout.down();
-    size_t written_past_T = 0;
-    for (size_t i = q.size(); i < out.size(); ++i) written_past_T += out[i] != kNaNBf16;
-    out.resize(q.size());
+    const auto all = dout.down();
+    size_t written_outside = 0;
+    for (size_t i = 0; i < all.size(); ++i)
+      written_outside += (i < q_slack || i >= q_slack + q.size()) && all[i] != kNaNBf16;
+    const std::vector<uint16_t> out(all.begin() + q_slack, all.begin() + q_slack + q.size());
     const auto lse = dlse.down();
-    if (earlier.count(kernel)) EXPECT_TRUE(out == earlier[kernel]) << kname << ": a second run gave other outputs";
-    earlier[kernel] = out;
+    if (earlier.count(kernel)) {
+      EXPECT_TRUE(out == earlier[kernel].first) << kname << ": a second run gave other outputs";
+      EXPECT_TRUE(lse == earlier[kernel].second) << kname << ": a second run gave another lse";
+    }
+    earlier[kernel] = {out, lse};
 
     double err2 = 0, ref2 = 0, lse_err = 0;
     size_t bad = 0;
@@ -189,7 +198,7 @@ void run_prefill_case_with(const Case& c, std::initializer_list<cuda::AttnKernel
       lse_err = std::max(lse_err, std::abs(double(lse[i]) - lse_ref[i]));
     }
     EXPECT_EQ(bad, 0u) << kname << ": unwritten or non-finite outputs";
-    EXPECT_EQ(written_past_T, 0u) << kname << ": values written past row T of out";
+    EXPECT_EQ(written_outside, 0u) << kname << ": values written outside rows [0, T) of out";
     EXPECT_LT(std::sqrt(err2 / ref2), 1e-2) << kname << ": relative L2 error of out";
     EXPECT_LT(lse_err, 2e-2) << kname << ": max |lse - cpu lse|";
   }
@@ -260,23 +269,40 @@ TEST(CudaHybridAttention, RejectsBadShapes) {
   EXPECT_THROW(cuda::make_kv_head_meta(1, 64, 64, 32), std::invalid_argument);  // block 32
 }
 
+namespace {
+// Sets an environment variable for one scope and restores the previous value (or its absence) on the way out,
+// whatever leaves the scope.
+struct EnvGuard {
+  std::string name, saved;
+  bool had;
+  EnvGuard(const char* n, const char* value) : name(n) {
+    const char* prev = std::getenv(n);
+    had = prev != nullptr;
+    if (had) saved = prev;
+    ::setenv(n, value, 1);
+  }
+  ~EnvGuard() {
+    if (had) ::setenv(name.c_str(), saved.c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+};
+}  // namespace
+
 // ELASTIC_ATTN_KERNEL replaces what Auto picks; an unknown name is an error that names the variable (thrown before
 // any launch, so this needs no GPU).
 TEST(CudaHybridAttention, UnknownKernelInEnvironmentIsAnError) {
   cuda::HybridAttnParams p;
-  // Restored afterwards: a suite run under ELASTIC_ATTN_KERNEL=<kernel> must keep that kernel for later tests.
-  const char* prev = std::getenv("ELASTIC_ATTN_KERNEL");
-  const std::string saved = prev ? prev : "";
-  ::setenv("ELASTIC_ATTN_KERNEL", "fastest", 1);
-  try {
-    cuda::hybrid_attention_fwd(p, nullptr);
-    ADD_FAILURE() << "no error for ELASTIC_ATTN_KERNEL=fastest";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("ELASTIC_ATTN_KERNEL"), std::string::npos) << e.what();
+  {  // restored afterwards: a suite run under ELASTIC_ATTN_KERNEL=<kernel> must keep that kernel for later tests
+    EnvGuard env("ELASTIC_ATTN_KERNEL", "fastest");
+    try {
+      cuda::hybrid_attention_fwd(p, nullptr);
+      ADD_FAILURE() << "no error for ELASTIC_ATTN_KERNEL=fastest";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("ELASTIC_ATTN_KERNEL"), std::string::npos) << e.what();
+    }
   }
-  ::unsetenv("ELASTIC_ATTN_KERNEL");
+  EnvGuard env("ELASTIC_ATTN_KERNEL", "auto");
   EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);  // then the null pointers
-  if (prev) ::setenv("ELASTIC_ATTN_KERNEL", saved.c_str(), 1);
 }
 
 // GPU estimation vs xattn_select: block masses and selected masks, then attention with the GPU lists.
@@ -470,23 +496,21 @@ TEST(CudaDecodeAttention, RejectsTooSmallRing) {
 
 // An unknown ELASTIC_DECODE_COMBINE is an error naming the variable, raised before any launch (no GPU needed).
 TEST(CudaDecodeAttention, UnknownCombineInEnvironmentIsAnError) {
-  const char* prev = std::getenv("ELASTIC_DECODE_COMBINE");
-  const std::string saved = prev ? prev : "";
   uint16_t d = 0;
   float w = 0;
   cuda::DecodeKVHead h;
   cuda::DecodeParams p;
   p.q = p.out = &d, p.heads = &h, p.workspace = &w;
   p.n_pos = 10, p.n_heads = 4, p.n_kv_heads = 2, p.head_dim = 128, p.block = 64;
-  ::setenv("ELASTIC_DECODE_COMBINE", "tree", 1);
-  try {
-    cuda::decode_attention(p, nullptr);
-    ADD_FAILURE() << "no error for ELASTIC_DECODE_COMBINE=tree";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("ELASTIC_DECODE_COMBINE"), std::string::npos) << e.what();
+  {
+    EnvGuard env("ELASTIC_DECODE_COMBINE", "tree");
+    try {
+      cuda::decode_attention(p, nullptr);
+      ADD_FAILURE() << "no error for ELASTIC_DECODE_COMBINE=tree";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("ELASTIC_DECODE_COMBINE"), std::string::npos) << e.what();
+    }
   }
-  if (prev) ::setenv("ELASTIC_DECODE_COMBINE", saved.c_str(), 1);
-  else ::unsetenv("ELASTIC_DECODE_COMBINE");
   p.combine = static_cast<cuda::DecodeCombine>(7);
   EXPECT_THROW(cuda::decode_attention(p, nullptr), std::invalid_argument);
 }
