@@ -179,7 +179,8 @@ int main(int argc, char** argv) {
               "xattn stride 16 tau 0.9, hybrid = %d-layer stack with streaming sparse heads\n\n",
               prop.name, prop.multiProcessorCount, Hq, Hkv, hd, B, sink, local, L);
   std::printf("| T | routing | Omega | ms/layer | computed/dense pairs | TFLOP/s (computed) | TFLOP/s (dense causal) | "
-              "time vs our full (a variant's ssa row: vs that variant's full) | cost share / pair share |\n|---|---|---|---|---|---|---|---|---|\n");
+              "time vs our full (a variant's ssa row: vs that variant's full) | cost share / pair share |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(42);
   Timer timer;
   for (const int T : lengths) {
