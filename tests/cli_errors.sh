@@ -66,6 +66,8 @@ expect_fail "head_dim 32 is not supported" $BIN train-router -m $FX/qwen3_tiny -
   --max-len 64 --builtin-samples 2 --sink 0 --local 32 --block 64 -o $TMP/r.safetensors --log $TMP/t.jsonl
 expect_fail "head_dim 32 is not supported" $BIN eval -m $FX/qwen3_tiny --device cuda --lengths 100 --samples 1 \
   --methods full --tasks niah_single_2 -o $TMP/evg
+expect_fail "--parallel must be 1" $BIN serve -m $FX/qwen3_tiny --device cuda --parallel 4
+expect_fail "head_dim 32 is not supported" $BIN serve -m $FX/qwen3_tiny --device cuda
 expect_fail "--gpus needs --device cuda" $BIN train-router -m $FX/qwen3_tiny --gpus 2
 expect_fail "ELASTIC_RANK='x' is not a rank number" env ELASTIC_RANK=x $BIN train-router -m $FX/qwen3_tiny --gpus 2 --device cuda
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi >/dev/null 2>&1; then

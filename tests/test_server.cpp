@@ -735,3 +735,116 @@ TEST(ServerLimits, ModelRouterDecidesAtPrefill) {
   srv.stop();
   fs::remove_all(dir);
 }
+
+// A SequenceBackend (what `serve --device cuda` uses) serves requests one at a time: here the CPU model behind that
+// interface, so CI runs the backend path; the answers equal the batched CPU path's (greedy), a router still decides
+// per request, and the limits of the backend are checked when the server starts.
+TEST(ServerBackend, CpuBackendAnswersLikeTheBatchedPath) {
+  const std::string dir = write_tiny_qwen3("server_backend", false);
+  Model m = Model::load(dir);
+  const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
+  auto shared = std::make_shared<const Model>(m);
+  ServerOptions o;
+  o.port = 0;
+  o.max_context = 256;
+  o.threads = 1;
+  o.max_slots = 1;
+  o.backend = cpu_sequence_backend(shared, 256, 64);
+  Server srv(std::move(m), dir, o);
+  srv.start();
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(60, 0);
+  const std::vector<int32_t> ids = tok.encode("Once upon a time");
+  std::vector<int32_t> want = generate(*shared, ids, 12, 0, SamplerParams{}, true, nullptr);
+  int st = 0;
+  json r = post_json(c, "/v1/completions", {{"prompt", ids}, {"max_tokens", 12}, {"temperature", 0}}, &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  std::vector<int32_t> got = tok.encode(r["choices"][0]["text"].get<std::string>());
+  if (!want.empty() && want.back() == 151645) want.pop_back();
+  EXPECT_EQ(r["usage"]["completion_tokens"].get<int>(), static_cast<int>(want.size()) + (want.size() < 12 ? 1 : 0));
+  EXPECT_EQ(r["choices"][0]["text"].get<std::string>(),
+            json::parse(json(tok.decode(want)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>());
+  EXPECT_EQ(r["elastic"]["omega_msr"], 0.0);
+  EXPECT_EQ(r["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(shared->config, 256, shared->routing));
+  // Two requests at once: the second waits for the one slot, both answer.
+  std::thread t([&] {
+    httplib::Client c2("127.0.0.1", srv.port());
+    c2.set_read_timeout(60, 0);
+    int st2 = 0;
+    json r2 = post_json(c2, "/v1/completions", {{"prompt", ids}, {"max_tokens", 12}, {"temperature", 0}}, &st2);
+    EXPECT_EQ(st2, 200);
+    EXPECT_EQ(r2["choices"][0]["text"], r["choices"][0]["text"]);
+  });
+  json r3 = post_json(c, "/v1/completions", {{"prompt", ids}, {"max_tokens", 12}, {"temperature", 0}}, &st);
+  EXPECT_EQ(st, 200);
+  EXPECT_EQ(r3["choices"][0]["text"], r["choices"][0]["text"]);
+  t.join();
+  srv.stop();
+  fs::remove_all(dir);
+}
+
+TEST(ServerBackend, RouterDecidesOnTheBackendAndLimitsAreChecked) {
+  const std::string dir = write_tiny_qwen3("server_backend_router", false);
+  Model m = Model::load(dir);
+  m.router = std::make_shared<AllStreamingRouter>();
+  auto shared = std::make_shared<const Model>(m);
+  ServerOptions o;
+  o.port = 0;
+  o.max_context = 512;
+  o.threads = 1;
+  o.max_slots = 1;
+  o.backend = cpu_sequence_backend(shared, 512, 64);
+  {
+    ServerOptions bad = o;
+    bad.max_slots = 4;
+    try {
+      Server s(m, dir, bad);
+      ADD_FAILURE() << "no error for 4 slots on a backend";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("one request at a time"), std::string::npos) << e.what();
+    }
+    bad.max_slots = 1;
+    bad.max_context = 1024;  // past the backend's 512 positions
+    try {
+      Server s(m, dir, bad);
+      ADD_FAILURE() << "no error for a context past the backend's capacity";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("capacity of 512"), std::string::npos) << e.what();
+    }
+  }
+  Server srv(std::move(m), dir, o);
+  srv.start();
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(60, 0);
+  int st = 0;
+  std::vector<int32_t> prompt(150, 42);
+  json r = post_json(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 20}, {"temperature", 0}}, &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["elastic"]["omega_msr"], 1.0);  // the router's decision, made inside the backend's prefill
+  RoutingTable ssa = RoutingTable::uniform(2, 1, HeadMode::Streaming);
+  ssa.sparse = AllStreamingRouter().s;
+  EXPECT_EQ(r["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(shared->config, 512, ssa));
+  // A request longer than the context is refused by the HTTP side, as without a backend.
+  json big = post_json(c, "/v1/completions", {{"prompt", std::vector<int32_t>(500, 42)}, {"max_tokens", 20}}, &st);
+  EXPECT_EQ(st, 400) << big.dump();
+  srv.stop();
+  fs::remove_all(dir);
+}
+
+TEST(SequenceBackendCpu, RejectsMisuse) {
+  const std::string dir = write_tiny_qwen3("backend_misuse", false);
+  auto m = std::make_shared<const Model>(Model::load(dir));
+  auto be = cpu_sequence_backend(m, 32, 16);
+  std::vector<float> logits;
+  RoutingTable used;
+  EXPECT_THROW(be->decode(1, logits), std::logic_error);                              // before any prefill
+  EXPECT_THROW(be->prefill(std::vector<int32_t>(40, 1), nullptr, nullptr, logits, used), std::invalid_argument);
+  AllStreamingRouter foreign;
+  EXPECT_THROW(be->prefill({1, 2, 3}, nullptr, &foreign, logits, used), std::invalid_argument);  // not the model's
+  be->prefill(std::vector<int32_t>(31, 1), nullptr, nullptr, logits, used);
+  EXPECT_EQ(logits.size(), static_cast<size_t>(m->config.vocab));
+  be->decode(2, logits);                                                               // position 31: the last slot
+  EXPECT_THROW(be->decode(3, logits), std::invalid_argument);                          // past the capacity
+  EXPECT_THROW(cpu_sequence_backend(m, 0, 16), std::invalid_argument);
+  fs::remove_all(dir);
+}

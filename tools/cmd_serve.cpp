@@ -5,12 +5,15 @@
 #include "cli_common.h"
 #include "elastic/router.h"
 #include "elastic/server.h"
+#ifdef ELASTIC_HAVE_CUDA
+#include "elastic/gpu_model.h"
+#endif
 
 namespace elastic::cli {
 
 void add_serve_command(CLI::App& app, Commands& cmds) {
   struct Opts {
-    std::string model, host = "127.0.0.1", tok, routing, mode, name, router;
+    std::string model, host = "127.0.0.1", tok, routing, mode, name, router, device = "cpu";
     int port = 8080, ctx = 0, threads = 0, parallel = 4;
     double kv_mib = 1024, body_mib = 1;
     bool quiet = false;
@@ -34,7 +37,17 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--router", o->router,
                   "Trained router (safetensors): routes each request from its own prompt at prefill");
   sub->add_flag("-q,--quiet", o->quiet, "No per-request lines on stderr");
-  cmds.push_back({sub, [o] {
+  sub->add_option("--device", o->device,
+                  "cpu (batched decode of --parallel requests), or cuda (the bf16 GPU model, one request at a time)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  auto* parallel_opt = sub->get_option("--parallel");
+  cmds.push_back({sub, [o, parallel_opt] {
+    const bool gpu = o->device == "cuda";
+    if (gpu && parallel_opt->count() && o->parallel != 1)
+      throw std::runtime_error("serve: --device cuda runs one request at a time; --parallel must be 1");
+#ifndef ELASTIC_HAVE_CUDA
+    if (gpu) throw std::runtime_error("serve: this build has no CUDA backend (--device cuda)");
+#endif
     Model m = Model::load(o->model);
     if (!o->router.empty() && (!o->routing.empty() || !o->mode.empty()))
       throw std::runtime_error("serve: give --router or --routing/--mode, not both");
@@ -51,13 +64,29 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     so.threads = o->threads;
     so.tokenizer_path = o->tok;
     so.log_requests = !o->quiet;
+#ifdef ELASTIC_HAVE_CUDA
+    std::unique_ptr<cuda::GpuModel> g;  // outlives the server: serve() returns only when it stops
+    if (gpu) {
+      cuda::GpuOptions go;
+      go.max_ctx = o->ctx > 0 ? o->ctx : m.config.max_positions;
+      g = cuda::GpuModel::upload(m, go);
+      std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
+      so.backend = cuda::gpu_sequence_backend(*g);
+      so.max_slots = 1;
+      so.max_context = go.max_ctx;
+    }
+#endif
     char msr[32];
     std::snprintf(msr, sizeof msr, "%.3f", m.routing.msr());
     const std::string routing_desc = m.router ? "per-request router " + o->router : std::string("fixed routing, Omega_MSR ") + msr;
     Server srv(std::move(m), o->model, so);
     const int port = srv.bind();
-    std::fprintf(stderr, "elastic serve: listening on http://%s:%d (%d slots, KV budget %.0f MiB, %s)\n",
-                 o->host.c_str(), port, o->parallel, o->kv_mib, routing_desc.c_str());
+    if (gpu)
+      std::fprintf(stderr, "elastic serve: listening on http://%s:%d (cuda, one request at a time, %s)\n",
+                   o->host.c_str(), port, routing_desc.c_str());
+    else
+      std::fprintf(stderr, "elastic serve: listening on http://%s:%d (%d slots, KV budget %.0f MiB, %s)\n",
+                   o->host.c_str(), port, o->parallel, o->kv_mib, routing_desc.c_str());
     srv.serve();
   }});
 }

@@ -14,6 +14,7 @@
 #include "elastic/generate.h"
 #include "elastic/model.h"
 #include "elastic/probe.h"
+#include "elastic/sequence_backend.h"
 #include "elastic/tasks.h"
 #include "elastic/tokenizer.h"
 
@@ -43,18 +44,6 @@ Method builtin_method(const std::string& name, const Model& m, const HeadScores*
 // A trained router as a method (FA-SSA or FA-XA, after the router's sparse mode).
 Method method_router(const std::string& name, std::shared_ptr<const PromptRouter> router);
 
-// A model runner other than the CPU model (the GPU backend), one sequence at a time.
-class SequenceBackend {
- public:
-  virtual ~SequenceBackend() = default;
-  // Starts a sequence: prefill of `prompt` under `routing`, or, when routing is null, under `router`'s per-layer
-  // decisions. Writes the last position's logits and the routing used.
-  virtual void prefill(const std::vector<int32_t>& prompt, const RoutingTable* routing, const PromptRouter* router,
-                       std::vector<float>& logits, RoutingTable& used) = 0;
-  // Appends one token; writes its logits.
-  virtual void decode(int32_t id, std::vector<float>& logits) = 0;
-  virtual std::string name() const = 0;  // "cuda", recorded in run.json
-};
 
 struct EvalProgress {
   int done = 0, total = 0;  // samples finished (including ones found in results.jsonl) / all

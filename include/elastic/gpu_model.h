@@ -59,6 +59,7 @@ class GpuModel {
   // Appends one token at position length(); writes its logits ([V]) when asked; returns the greedy next token.
   int32_t decode(int32_t id, std::vector<float>* logits = nullptr);
   int length() const;
+  int max_ctx() const;  // positions a sequence may hold (GpuOptions::max_ctx)
   const RoutingTable& routing() const;  // the current sequence's routing
 
   struct Impl;
@@ -72,7 +73,7 @@ class GpuModel {
 }  // namespace elastic::cuda
 
 namespace elastic {
-class SequenceBackend;  // elastic/eval.h
+class SequenceBackend;  // elastic/sequence_backend.h
 }
 
 namespace elastic::cuda {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "elastic/model.h"
+#include "elastic/sequence_backend.h"
 
 namespace elastic {
 
@@ -28,6 +29,10 @@ struct ServerOptions {
   int http_threads = 0;            // HTTP worker threads; 0 = max_slots + 16
   std::string tokenizer_path;      // default: <model_dir>/tokenizer.json (text endpoints need one)
   bool log_requests = false;       // one line per request to stderr
+  // When set, requests run on this backend (e.g. the GPU model, `serve --device cuda`) one at a time instead of on
+  // the CPU model in batches: max_slots must be 1 and max_context at most the backend's capacity. The model still
+  // supplies the config, the routing and the router.
+  std::shared_ptr<SequenceBackend> backend;
 };
 
 // Bytes KVCache::init(cfg, capacity, &routing) allocates (streaming heads keep sink + window): what the scheduler

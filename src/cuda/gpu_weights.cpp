@@ -142,6 +142,7 @@ GpuModel::~GpuModel() = default;
 const ModelConfig& GpuModel::config() const { return impl_->c; }
 const GpuPlan& GpuModel::plan() const { return impl_->plan; }
 int GpuModel::length() const { return impl_->length; }
+int GpuModel::max_ctx() const { return impl_->o.max_ctx; }
 const RoutingTable& GpuModel::routing() const { return impl_->routing; }
 
 std::unique_ptr<GpuModel> GpuModel::upload(const Model& m, const GpuOptions& o) {

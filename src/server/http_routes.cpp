@@ -86,7 +86,18 @@ Server::Impl::Impl(Model m, const std::string& dir, ServerOptions o) : opts(std:
     if (int32_t id = tok->token_id(tmpl.eos_token()); id >= 0 && id < model.config.vocab &&
                                                        std::find(eos.begin(), eos.end(), id) == eos.end())
       eos.push_back(id);
+  if (opts.backend) {
+    if (opts.max_slots != 1)
+      throw std::runtime_error("server: the " + opts.backend->name() +
+                               " backend runs one request at a time: max slots must be 1, got " +
+                               std::to_string(opts.max_slots));
+    if (ctx > opts.backend->capacity())
+      throw std::runtime_error("server: the context of " + std::to_string(ctx) + " tokens exceeds the " +
+                               opts.backend->name() + " backend's capacity of " +
+                               std::to_string(opts.backend->capacity()));
+  }
   SchedulerOptions so;
+  so.backend = opts.backend;
   so.max_slots = opts.max_slots;
   so.kv_budget_bytes = opts.kv_budget_bytes;
   so.threads = opts.threads;

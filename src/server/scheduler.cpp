@@ -1,6 +1,7 @@
 // The batching scheduler: one engine thread owns the model. Requests wait in a FIFO queue until a slot and their KV
 // bytes fit; each admitted request is prefilled alone (its own routing and hybrid cache), then the decode steps of
-// all running requests run together through decode_batch.
+// all running requests run together through decode_batch. With a SequenceBackend (the GPU model) there is one slot
+// and the request's prefill and decode steps run on the backend.
 #include <omp.h>
 
 #include <algorithm>
@@ -52,6 +53,7 @@ struct Scheduler::Active {
   AttentionStats stats;
   int produced = 0;      // sampled tokens (EOS included)
   int32_t next = -1;     // sampled, not yet in the cache
+  int length = 0;        // positions in the backend's sequence (backend mode; the CPU path uses cache.length)
   std::string text;      // generated text so far (bytes)
   size_t sent = 0;       // bytes of `text` already handed to the HTTP side
   bool finished = false;
@@ -62,6 +64,7 @@ struct Scheduler::Active {
 Scheduler::Scheduler(const Model& m, const Tokenizer* tok, std::vector<int32_t> eos, SchedulerOptions o, Metrics& met)
     : m_(m), tok_(tok), eos_(std::move(eos)), o_(o), met_(met) {
   if (o_.max_slots < 1) throw std::invalid_argument("server: max slots must be >= 1");
+  if (o_.backend && o_.max_slots != 1) throw std::invalid_argument("server: a sequence backend has exactly one slot");
   {
     std::lock_guard g(met_.mu);
     met_.kv_budget = o_.kv_budget_bytes;
@@ -99,7 +102,8 @@ void Scheduler::stop() {
 }
 
 void Scheduler::submit(const std::shared_ptr<Job>& job) {
-  if (job->kv_bytes > o_.kv_budget_bytes)
+  // A backend reserved its caches up front; its limit is the context (checked by the HTTP side), not the budget.
+  if (!o_.backend && job->kv_bytes > o_.kv_budget_bytes)
     throw ApiError(400,
                    "this request needs " + std::to_string(job->kv_bytes) + " bytes of KV cache (prompt + max_tokens = " +
                        std::to_string(job->capacity) + " positions), more than the server's whole KV budget of " +
@@ -178,7 +182,7 @@ void Scheduler::finish(Active& a, const std::string& reason, const std::string& 
   s.omega_msr = j.routing.msr();
   s.omega_esr = a.stats.esr();
   s.attention_flops_ratio = a.stats.flops_ratio();
-  s.kv_cache_bytes = a.cache.bytes();
+  s.kv_cache_bytes = o_.backend ? (a.t_first > a.t_admit ? o_.backend->kv_bytes() : 0) : a.cache.bytes();
   s.queue_s = secs(a.t_admit - j.submitted);
   s.prefill_s = a.t_first > a.t_admit ? secs(a.t_first - a.t_admit) : 0;
   s.decode_s = a.t_first > a.t_admit ? secs(now - a.t_first) : 0;
@@ -235,7 +239,8 @@ void Scheduler::loop() {
       finish(a, "stop");
       return;
     }
-    if (a.produced >= j.max_tokens || a.cache.length >= a.cache.capacity) {
+    const bool full = o_.backend ? a.length >= j.capacity : a.cache.length >= a.cache.capacity;
+    if (a.produced >= j.max_tokens || full) {
       finish(a, "length");
       return;
     }
@@ -258,7 +263,7 @@ void Scheduler::loop() {
           ++it;
         }
       while (!waiting_.empty() && running_ < o_.max_slots &&
-             kv_in_use_ + waiting_.front()->kv_bytes <= o_.kv_budget_bytes) {
+             (o_.backend || kv_in_use_ + waiting_.front()->kv_bytes <= o_.kv_budget_bytes)) {
         admitted.push_back(std::make_unique<Active>(waiting_.front()));
         kv_in_use_ += waiting_.front()->kv_bytes;
         ++running_;
@@ -294,7 +299,15 @@ void Scheduler::loop() {
         continue;
       }
       try {
-        if (j.use_router) {
+        if (o_.backend) {
+          // Router or table, as on the CPU; the backend keeps the sequence's caches itself.
+          RoutingTable used;
+          o_.backend->prefill(j.prompt, j.use_router ? nullptr : &j.routing, j.use_router ? m_.router.get() : nullptr,
+                              logits, used);
+          j.routing = used;
+          a.stats = routed_prefill_stats(used, static_cast<int>(j.prompt.size()));
+          a.length = static_cast<int>(j.prompt.size());
+        } else if (j.use_router) {
           // The router sizes each layer's cache as it decides; the reservation shrinks to what was allocated.
           a.cache.init_deferred(m_.config, j.capacity);
           m_.prefill(j.prompt.data(), static_cast<int>(j.prompt.size()), o_.prefill_chunk, a.cache, logits, false,
@@ -326,6 +339,27 @@ void Scheduler::loop() {
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->finished; });
     if (active_.empty()) continue;
 
+    if (o_.backend) {  // one active request: its next decode step on the backend
+      Active& a = *active_.front();
+      const auto t0 = clock_t_::now();
+      try {
+        o_.backend->decode(a.next, logits);
+        ++a.length;
+      } catch (const std::exception& e) {
+        finish(a, "error", e.what());
+        active_.clear();
+        continue;
+      }
+      {
+        std::lock_guard g(met_.mu);
+        met_.decode_s += secs(clock_t_::now() - t0);
+        ++met_.decode_tokens;
+        ++met_.decode_steps;
+      }
+      on_token(a, a.sampler.sample(logits.data(), V));
+      std::erase_if(active_, [](const std::unique_ptr<Active>& x) { return x->finished; });
+      continue;
+    }
     std::vector<DecodeSlot> slots;
     slots.reserve(active_.size());
     for (auto& a : active_) slots.push_back({a->next, &a->cache, &a->job->routing, &a->stats});

@@ -119,6 +119,7 @@ struct Job {
 };
 
 struct SchedulerOptions {
+  std::shared_ptr<SequenceBackend> backend;  // one sequence at a time on it (max_slots 1), instead of the CPU model
   int max_slots = 4;
   size_t kv_budget_bytes = size_t(1) << 30;
   int threads = 0;

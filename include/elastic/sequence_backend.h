@@ -1,0 +1,32 @@
+#pragma once
+// A model runner behind a small interface, one sequence at a time: the GPU model (cuda::gpu_sequence_backend) and
+// the CPU model (cpu_sequence_backend). `elastic eval --device cuda` and `elastic serve --device cuda` run on it.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "elastic/model.h"
+
+namespace elastic {
+
+class SequenceBackend {
+ public:
+  virtual ~SequenceBackend() = default;
+  // Starts a sequence: prefill of `prompt` under `routing`, or, when routing is null, under `router`'s per-layer
+  // decisions (when also null: every head full). Writes the last position's logits and the routing used.
+  virtual void prefill(const std::vector<int32_t>& prompt, const RoutingTable* routing, const PromptRouter* router,
+                       std::vector<float>& logits, RoutingTable& used) = 0;
+  // Appends one token; writes its logits.
+  virtual void decode(int32_t id, std::vector<float>& logits) = 0;
+  virtual std::string name() const = 0;  // "cuda", "cpu"; recorded in run.json
+  virtual int capacity() const = 0;      // positions a sequence may hold (prompt + generated tokens)
+  virtual size_t kv_bytes() const { return 0; }  // the current sequence's KV caches (0 = not known)
+};
+
+// The CPU model as a SequenceBackend, caches of `capacity` positions, prefill in chunks of `prefill_chunk`. A router
+// given to prefill must be the model's own (Model::router); throws std::invalid_argument otherwise.
+std::shared_ptr<SequenceBackend> cpu_sequence_backend(std::shared_ptr<const Model> m, int capacity, int prefill_chunk);
+
+}  // namespace elastic

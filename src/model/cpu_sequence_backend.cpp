@@ -1,0 +1,70 @@
+// The CPU model behind the SequenceBackend interface: the same prefill (routed by a table or by the model's router,
+// into a hybrid cache) and decode steps as Model::prefill / Model::forward, one sequence at a time.
+#include <stdexcept>
+#include <string>
+
+#include "elastic/sequence_backend.h"
+
+namespace elastic {
+namespace {
+
+class CpuSequenceBackend : public SequenceBackend {
+ public:
+  CpuSequenceBackend(std::shared_ptr<const Model> m, int capacity, int chunk)
+      : m_(std::move(m)), capacity_(capacity), chunk_(chunk) {
+    if (!m_) throw std::invalid_argument("cpu_sequence_backend: null model");
+    if (capacity_ <= 0 || chunk_ <= 0)
+      throw std::invalid_argument("cpu_sequence_backend: capacity and prefill chunk must be > 0");
+  }
+
+  void prefill(const std::vector<int32_t>& prompt, const RoutingTable* routing, const PromptRouter* router,
+               std::vector<float>& logits, RoutingTable& used) override {
+    if (prompt.empty()) throw std::invalid_argument("cpu_sequence_backend: empty prompt");
+    if (static_cast<int>(prompt.size()) > capacity_)
+      throw std::invalid_argument("cpu_sequence_backend: prompt of " + std::to_string(prompt.size()) +
+                                  " tokens exceeds the capacity of " + std::to_string(capacity_));
+    cache_ = KVCache{};
+    const int T = static_cast<int>(prompt.size());
+    if (!routing && router) {
+      if (router != m_->router.get())
+        throw std::invalid_argument("cpu_sequence_backend: the router must be the model's own (Model::router)");
+      cache_.init_deferred(m_->config, capacity_);  // routed layer by layer inside the prefill
+      m_->prefill(prompt.data(), T, chunk_, cache_, logits, false);
+      used = cache_.routing;
+      return;
+    }
+    table_ = routing ? *routing : RoutingTable::all_full(m_->config.n_layers, m_->config.n_kv_heads);
+    cache_.init(m_->config, capacity_, &table_);
+    m_->prefill(prompt.data(), T, chunk_, cache_, logits, false, nullptr, &table_);
+    used = table_;
+  }
+
+  void decode(int32_t id, std::vector<float>& logits) override {
+    if (cache_.length >= cache_.capacity)
+      throw std::invalid_argument("cpu_sequence_backend: the sequence is at its capacity of " +
+                                  std::to_string(cache_.capacity) + " positions");
+    if (cache_.n_layers == 0) throw std::logic_error("cpu_sequence_backend: decode before prefill");
+    if (id < 0 || id >= m_->config.vocab)
+      throw std::invalid_argument("cpu_sequence_backend: token id " + std::to_string(id) + " is outside the vocabulary");
+    // A router-routed cache carries its routing; a table-routed one is decoded under the prefill's table.
+    m_->forward(&id, 1, cache_, logits, false, nullptr, nullptr, false, cache_.routing.n_layers ? nullptr : &table_);
+  }
+
+  std::string name() const override { return "cpu"; }
+  int capacity() const override { return capacity_; }
+  size_t kv_bytes() const override { return cache_.bytes(); }
+
+ private:
+  std::shared_ptr<const Model> m_;
+  int capacity_, chunk_;
+  KVCache cache_;
+  RoutingTable table_;  // the table of a table-routed sequence
+};
+
+}  // namespace
+
+std::shared_ptr<SequenceBackend> cpu_sequence_backend(std::shared_ptr<const Model> m, int capacity, int prefill_chunk) {
+  return std::make_shared<CpuSequenceBackend>(std::move(m), capacity, prefill_chunk);
+}
+
+}  // namespace elastic
