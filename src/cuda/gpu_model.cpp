@@ -78,6 +78,9 @@ void GpuModel::Impl::allocate_layer_caches(int l, const HeadMode* modes, const S
 void GpuModel::prefill(const int32_t* ids_h, int T, const RoutingTable* fixed, const PromptRouter* router,
                        std::vector<float>* logits_out, bool all_logits, GpuPrefillStats* stats) {
   Impl& m = *impl_;
+  // The current device is per host thread: a caller on another thread than upload()'s (the server's engine thread)
+  // must still run on this model's device.
+  ELASTIC_CUDA_CHECK(cudaSetDevice(m.o.device));
   const ModelConfig& c = m.c;
   const int D = c.hidden, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim, F = c.intermediate, V = c.vocab;
   const int N = (Hq + 2 * Hkv) * hd, L = c.n_layers;
@@ -324,6 +327,7 @@ void GpuModel::Impl::decode_body() {
 
 int32_t GpuModel::decode(int32_t id, std::vector<float>* logits_out) {
   Impl& m = *impl_;
+  ELASTIC_CUDA_CHECK(cudaSetDevice(m.o.device));  // see prefill
   if (m.length == 0) throw std::logic_error("gpu decode: no sequence (prefill first)");
   if (m.length >= m.o.max_ctx)
     throw std::invalid_argument("gpu decode: the sequence is full (" + std::to_string(m.o.max_ctx) + " positions)");
