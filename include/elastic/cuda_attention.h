@@ -77,9 +77,11 @@ KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block);
 // qb*(qb+1)/2 (so `blocks` needs Hq*nb*(nb+1)/2 ints), counts for qb >= pos0/block (earlier rows get count 0).
 // Only query heads whose KV head mode is XAttn are estimated (others get count 0). Optionally returns the block
 // scores (probability mass per block, [Hq, nb, nb] fp32, rows < pos0/block untouched) for testing.
-// Auto: the tensor-core kernel where it fits ((Hq / Hkv) * block / stride <= 16 and its shared memory), else the
-// fp32 CUDA-core kernel. TensorCore / Simple force one (TensorCore throws where it does not fit).
-enum class XAttnEstimateKernel { Auto, TensorCore, Simple };
+// Auto: the tensor-core kernel where (Hq / Hkv) * block / stride <= 16 (in one pass where its per-(row, block) sums
+// fit shared memory, about 128K-160K tokens at block 64; beyond, in two passes that score twice but keep only
+// O(heads x blocks) floats), else the fp32 CUDA-core kernel. TensorCore / TensorCoreTwoPass / Simple force one (and
+// throw where it does not fit).
+enum class XAttnEstimateKernel { Auto, TensorCore, Simple, TensorCoreTwoPass };
 struct XAttnEstimateParams {
   const uint16_t* q = nullptr;  // [T, Hq, hd] bf16
   const uint16_t* k = nullptr;  // [pos0 + T, Hkv, hd] bf16

@@ -242,7 +242,11 @@ __global__ void __launch_bounds__(kThreads)
 //      one log-sum-exp per (row, key block): L [16, nb];
 //   3. per head: row totals from L, block mass[kb] = sum over its rows of exp(L - row total) (one thread per key
 //      block, fixed order), then select_blocks.
-template <int HD>
+// kTwoPass (long inputs, where L [16, nb] does not fit in shared memory): the scores are computed twice and L never
+// stored. Pass 1 folds each (row, key block) log-sum-exp into a running (max, sum) per row and warp, combined into
+// the row totals; pass 2 recomputes the same scores and adds exp(L - row total) over a head's rows straight into
+// that head's block masses [G, nb] (a warp owns whole key blocks, so each mass has one writer; rows in fixed order).
+template <int HD, bool kTwoPass>
 __global__ void __launch_bounds__(kThreads)
     xattn_estimate_mma_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, int T,
                               int pos0, int Hq, int Hkv, int B, int S, float tau, const KVHeadMeta* __restrict__ meta,
@@ -266,10 +270,13 @@ __global__ void __launch_bounds__(kThreads)
   const int n_keys = pow2_at_least(nb);  // select_blocks sorts a power of two >= its candidates (< nb)
   const size_t a_bytes = mma_float_offset(D, nb);
   uint16_t* sa = reinterpret_cast<uint16_t*>(smem);             // [16, LDA] bf16 query rows
+  // One pass: L [16, nb], bs [nb] (the current head's masses). Two passes: no L; bs [G, nb] (every head's masses).
   float* L = reinterpret_cast<float*>(smem + a_bytes);          // [16, nb] log-sum-exp per (row, key block)
-  float* bs = L + 16 * nb;                                      // [nb] block mass of the current head
-  float* stile = bs + nb;                                       // [kWarps][16][16] score staging
+  float* bs = kTwoPass ? L : L + 16 * nb;                       // [nb] or [G, nb] block masses
+  float* stile = bs + (kTwoPass ? G : 1) * nb;                  // [kWarps][16][16] score staging
   float* rowlse = stile + kWarps * 256;                         // [16]
+  float* wl = rowlse + 16;                                      // two passes: [kWarps][16][8] a group's L values
+  float* wpart = wl + kWarps * 16 * 8;                          // two passes: [kWarps][16][2] per-warp (max, sum)
   // After the scores, the query tile's space holds the selection scratch (keys, then flags; see a_bytes).
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem);
   int* flag = reinterpret_cast<int*>(smem + sizeof(unsigned long long) * static_cast<size_t>(n_keys));
@@ -286,82 +293,155 @@ __global__ void __launch_bounds__(kThreads)
     }
     sa[static_cast<size_t>(m) * LDA + c] = val;
   }
-  for (int i = tid; i < 16 * nb; i += kThreads) L[i] = -INFINITY;
+  if (!kTwoPass)
+    for (int i = tid; i < 16 * nb; i += kThreads) L[i] = -INFINITY;
   __syncthreads();
 
   const float scale = 1.f / sqrtf(static_cast<float>(HD)) / static_cast<float>(S);
   const int CW = max(8, rb), n_groups = (n_cols + CW - 1) / CW, gq = lane / 4, t4 = lane % 4;
+  const int bpg = CW / rb;  // key blocks per group (<= 8)
   const uint16_t* kraw = reinterpret_cast<const uint16_t*>(k) + static_cast<size_t>(kvh) * HD;
   float* st = stile + warp * 256;  // [16][16]
-  for (int grp = warp; grp < n_groups; grp += kWarps) {
-    const int j0 = grp * CW;
-    for (int nt = 0; nt < CW / 8; ++nt) {
-      const int j = j0 + nt * 8 + gq;  // this lane's B column
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  // This warp's groups of key columns: the scores, then one log-sum-exp per (row m, block b of the group) handed to
+  // on_block(m, kb, b, lse) by the lanes (skipped where the row has no valid score in the block), then after(j0)
+  // once the group's calls are done.
+  auto score_groups = [&](auto&& on_block, auto&& after) {
+    for (int grp = warp; grp < n_groups; grp += kWarps) {
+      const int j0 = grp * CW;
+      for (int nt = 0; nt < CW / 8; ++nt) {
+        const int j = j0 + nt * 8 + gq;  // this lane's B column
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 4
-      for (int kk = 0; kk < D; kk += 16) {
-        uint32_t a[4];
-        const uint16_t* ar = sa + static_cast<size_t>(gq) * LDA + kk + 2 * t4;
-        a[0] = *reinterpret_cast<const uint32_t*>(ar);
-        a[1] = *reinterpret_cast<const uint32_t*>(ar + 8 * LDA);
-        a[2] = *reinterpret_cast<const uint32_t*>(ar + 8);
-        a[3] = *reinterpret_cast<const uint32_t*>(ar + 8 * LDA + 8);
-        const int pos = j * S + kk / HD;  // a 16-element step never crosses a key row (HD % 16 == 0)
-        uint32_t b0 = 0u, b1 = 0u;
-        if (j < n_cols && pos < n_pos) {  // past the end: zero padding, as in the fp32 version
-          const uint16_t* kr = kraw + static_cast<size_t>(pos) * ldk + kk % HD + 2 * t4;
-          b0 = __ldg(reinterpret_cast<const unsigned int*>(kr));
-          b1 = __ldg(reinterpret_cast<const unsigned int*>(kr + 8));
+        for (int kk = 0; kk < D; kk += 16) {
+          uint32_t a[4];
+          const uint16_t* ar = sa + static_cast<size_t>(gq) * LDA + kk + 2 * t4;
+          a[0] = *reinterpret_cast<const uint32_t*>(ar);
+          a[1] = *reinterpret_cast<const uint32_t*>(ar + 8 * LDA);
+          a[2] = *reinterpret_cast<const uint32_t*>(ar + 8);
+          a[3] = *reinterpret_cast<const uint32_t*>(ar + 8 * LDA + 8);
+          const int pos = j * S + kk / HD;  // a 16-element step never crosses a key row (HD % 16 == 0)
+          uint32_t b0 = 0u, b1 = 0u;
+          if (j < n_cols && pos < n_pos) {  // past the end: zero padding, as in the fp32 version
+            const uint16_t* kr = kraw + static_cast<size_t>(pos) * ldk + kk % HD + 2 * t4;
+            b0 = __ldg(reinterpret_cast<const unsigned int*>(kr));
+            b1 = __ldg(reinterpret_cast<const unsigned int*>(kr + 8));
+          }
+          mma_bf16(acc, a, b0, b1);
         }
-        mma_bf16(acc, a, b0, b1);
-      }
-      // Stage C[gq][2 t4 + e] and C[gq + 8][2 t4 + e], scaled and causally masked.
+        // Stage C[gq][2 t4 + e] and C[gq + 8][2 t4 + e], scaled and causally masked.
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int m = gq + (e >= 2 ? 8 : 0), col = nt * 8 + 2 * t4 + (e & 1), jj = j0 + col, r = m % rb;
-        const bool ok = m < M && r < n_rows && jj < n_cols && jj <= i0 + r;
-        st[m * 16 + col] = ok ? acc[e] * scale : -INFINITY;
+        for (int e = 0; e < 4; ++e) {
+          const int m = gq + (e >= 2 ? 8 : 0), col = nt * 8 + 2 * t4 + (e & 1), jj = j0 + col, r = m % rb;
+          const bool ok = m < M && r < n_rows && jj < n_cols && jj <= i0 + r;
+          st[m * 16 + col] = ok ? acc[e] * scale : -INFINITY;
+        }
       }
+      __syncwarp();
+      for (int pr = lane; pr < 16 * bpg; pr += 32) {
+        const int m = pr / bpg, b = pr % bpg, kb = j0 / rb + b;
+        if (kb > qb || m >= M) continue;
+        const float* x = st + m * 16 + b * rb;
+        float mx = -INFINITY;
+        for (int c = 0; c < rb; ++c) mx = fmaxf(mx, x[c]);
+        if (mx == -INFINITY) continue;  // no valid score in this block for this row
+        float sum = 0.f;
+        for (int c = 0; c < rb; ++c) sum += expf(x[c] - mx);
+        on_block(m, kb, b, mx + logf(sum));
+      }
+      __syncwarp();
+      after(j0);
+      __syncwarp();
     }
-    __syncwarp();
-    const int bpg = CW / rb;  // key blocks per group
-    for (int pr = lane; pr < 16 * bpg; pr += 32) {
-      const int m = pr / bpg, b = pr % bpg, kb = j0 / rb + b;
-      if (kb > qb || m >= M) continue;
-      const float* x = st + m * 16 + b * rb;
-      float mx = -INFINITY;
-      for (int c = 0; c < rb; ++c) mx = fmaxf(mx, x[c]);
-      if (mx == -INFINITY) continue;  // no valid score in this block for this row
-      float sum = 0.f;
-      for (int c = 0; c < rb; ++c) sum += expf(x[c] - mx);
-      L[m * nb + kb] = mx + logf(sum);
+  };
+
+  if constexpr (!kTwoPass) {
+    score_groups([&](int m, int kb, int, float lse) { L[m * nb + kb] = lse; }, [](int) {});
+    __syncthreads();
+  } else {
+    float* my_wl = wl + warp * 16 * 8;  // [16][8]: the current group's L values, -inf where not set
+    auto clear_wl = [&] {
+      for (int i = lane; i < 16 * 8; i += 32) my_wl[i] = -INFINITY;
+      __syncwarp();
+    };
+    // Pass 1: row totals. Lane m < 16 keeps row m's running (max, sum) over this warp's blocks.
+    float run_m = -INFINITY, run_s = 0.f;
+    clear_wl();
+    score_groups([&](int m, int, int b, float lse) { my_wl[m * 8 + b] = lse; },
+                 [&](int) {
+                   if (lane < 16)
+                     for (int b = 0; b < bpg; ++b) {
+                       const float v = my_wl[lane * 8 + b];
+                       if (v == -INFINITY) continue;
+                       const float nm = fmaxf(run_m, v);
+                       run_s = run_s * expf(run_m - nm) + expf(v - nm);
+                       run_m = nm;
+                     }
+                   __syncwarp();
+                   for (int i = lane; i < 16 * 8; i += 32) my_wl[i] = -INFINITY;
+                 });
+    if (lane < 16) {
+      wpart[(warp * 16 + lane) * 2] = run_m;
+      wpart[(warp * 16 + lane) * 2 + 1] = run_s;
     }
-    __syncwarp();
+    __syncthreads();
+    if (tid < 16) {  // the warps in order: a fixed combination
+      float tm = -INFINITY, ts = 0.f;
+      for (int w = 0; w < kWarps; ++w) {
+        const float wm = wpart[(w * 16 + tid) * 2], ws = wpart[(w * 16 + tid) * 2 + 1];
+        if (wm == -INFINITY) continue;
+        const float nm = fmaxf(tm, wm);
+        ts = ts * expf(tm - nm) + ws * expf(wm - nm);
+        tm = nm;
+      }
+      rowlse[tid] = tm == -INFINITY ? -INFINITY : tm + logf(ts);
+    }
+    __syncthreads();
+    // Pass 2: the same scores again; the mass of (head g, block kb) = sum over the head's rows of exp(L - total).
+    clear_wl();
+    score_groups([&](int m, int, int b, float lse) { my_wl[m * 8 + b] = lse; },
+                 [&](int j0) {
+                   for (int pr = lane; pr < G * bpg; pr += 32) {
+                     const int g = pr / bpg, b = pr % bpg, kb = j0 / rb + b;
+                     if (kb > qb) continue;
+                     float mass = 0.f;
+                     for (int r = 0; r < n_rows; ++r) mass += expf(my_wl[(g * rb + r) * 8 + b] - rowlse[g * rb + r]);
+                     bs[g * nb + kb] = mass;
+                   }
+                   __syncwarp();
+                   for (int i = lane; i < 16 * 8; i += 32) my_wl[i] = -INFINITY;
+                 });
+    __syncthreads();
   }
-  __syncthreads();
 
   for (int g = 0; g < G; ++g) {
     const int h = kvh * G + g;
     const size_t row_off = static_cast<size_t>(h) * nb + qb;
-    for (int r = warp; r < n_rows; r += kWarps) {  // row totals (every row has key block 0)
-      const float* lr = L + (g * rb + r) * nb;
-      float mx = -INFINITY;
-      for (int kb = lane; kb <= qb; kb += 32) mx = fmaxf(mx, lr[kb]);
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      float sum = 0.f;
-      for (int kb = lane; kb <= qb; kb += 32) sum += expf(lr[kb] - mx);
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (lane == 0) rowlse[r] = mx + logf(sum);
+    float* bg = bs;  // this head's block masses
+    if constexpr (kTwoPass) {
+      bg = bs + g * nb;  // filled by pass 2
+      if (block_scores)
+        for (int kb = tid; kb <= qb; kb += kThreads) block_scores[row_off * nb + kb] = bg[kb];
+    } else {
+      for (int r = warp; r < n_rows; r += kWarps) {  // row totals (every row has key block 0)
+        const float* lr = L + (g * rb + r) * nb;
+        float mx = -INFINITY;
+        for (int kb = lane; kb <= qb; kb += 32) mx = fmaxf(mx, lr[kb]);
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float sum = 0.f;
+        for (int kb = lane; kb <= qb; kb += 32) sum += expf(lr[kb] - mx);
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane == 0) rowlse[r] = mx + logf(sum);
+      }
+      __syncthreads();
+      for (int kb = tid; kb <= qb; kb += kThreads) {
+        float m = 0.f;
+        for (int r = 0; r < n_rows; ++r) m += expf(L[(g * rb + r) * nb + kb] - rowlse[r]);
+        bs[kb] = m;
+        if (block_scores) block_scores[row_off * nb + kb] = m;
+      }
+      __syncthreads();
     }
-    __syncthreads();
-    for (int kb = tid; kb <= qb; kb += kThreads) {
-      float m = 0.f;
-      for (int r = 0; r < n_rows; ++r) m += expf(L[(g * rb + r) * nb + kb] - rowlse[r]);
-      bs[kb] = m;
-      if (block_scores) block_scores[row_off * nb + kb] = m;
-    }
-    __syncthreads();
-    select_blocks(bs, qb, nb, tau, keys, flag, h, row_off, blocks, counts);
+    select_blocks(bg, qb, nb, tau, keys, flag, h, row_off, blocks, counts);
     __syncthreads();
   }
 }
@@ -369,6 +449,11 @@ __global__ void __launch_bounds__(kThreads)
 // Shared memory of the tensor-core kernel: the query tile (reused for the selection scratch), L, bs, staging, rowlse.
 size_t mma_smem_bytes(int D, int nb) {
   return mma_float_offset(D, nb) + 4 * (static_cast<size_t>(16) * nb + nb + (kThreads / 32) * 256 + 16);
+}
+// The two-pass version: no L; every head's masses [G, nb], staging, rowlse, the per-warp group values and partials.
+size_t mma_two_pass_smem_bytes(int D, int nb, int G) {
+  constexpr size_t kW = kThreads / 32;
+  return mma_float_offset(D, nb) + 4 * (static_cast<size_t>(G) * nb + kW * 256 + 16 + kW * 16 * 8 + kW * 16 * 2);
 }
 
 void bad(const std::string& what) { throw std::invalid_argument("xattn_estimate_cuda: " + what); }
@@ -381,17 +466,23 @@ void launch(const XAttnEstimateParams& p, cudaStream_t stream) {
   ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
   ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   const size_t limit = static_cast<size_t>(optin) - 4096;
-  // Tensor cores when a KV head's G query heads fit one 16-row tile and the per-(row, block) sums fit shared memory.
-  const size_t smem_mma = mma_smem_bytes(p.stride * HD, nb);
-  const bool mma_fits = G * rb <= 16 && smem_mma <= limit;
-  if (p.kernel == XAttnEstimateKernel::TensorCore && !mma_fits)
-    bad("the tensor-core estimator needs (query heads per KV head) x block/stride <= 16 and " +
-        std::to_string(smem_mma) + " bytes of shared memory (have " + std::to_string(limit) + ")");
+  // Tensor cores when a KV head's G query heads fit one 16-row tile: in one pass where the per-(row, block) sums fit
+  // shared memory, else in two passes (scores computed twice, only O(G * nb) floats kept).
+  const size_t smem_one = mma_smem_bytes(p.stride * HD, nb), smem_two = mma_two_pass_smem_bytes(p.stride * HD, nb, G);
+  const bool shape_ok = G * rb <= 16, one_fits = shape_ok && smem_one <= limit, two_fits = shape_ok && smem_two <= limit;
+  const bool want_two = p.kernel == XAttnEstimateKernel::TensorCoreTwoPass;
+  if ((p.kernel == XAttnEstimateKernel::TensorCore && !one_fits && !two_fits) || (want_two && !two_fits))
+    bad("the tensor-core estimator needs (query heads per KV head) x block/stride <= 16 (have " +
+        std::to_string(G * rb) + ") and " + std::to_string(want_two ? smem_two : smem_one) +
+        " bytes of shared memory (have " + std::to_string(limit) + ")");
   ELASTIC_CUDA_CHECK(cudaMemsetAsync(p.counts, 0, sizeof(int32_t) * p.n_heads * nb, stream));
-  if (p.kernel != XAttnEstimateKernel::Simple && mma_fits) {
-    ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(xattn_estimate_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem_mma)));
-    xattn_estimate_mma_kernel<HD><<<dim3(nb - qb0, p.n_kv_heads), kThreads, smem_mma, stream>>>(
+  if (p.kernel != XAttnEstimateKernel::Simple && (one_fits || two_fits)) {
+    const bool two = want_two || !one_fits;
+    auto kernel = two ? xattn_estimate_mma_kernel<HD, true> : xattn_estimate_mma_kernel<HD, false>;
+    const size_t smem = two ? smem_two : smem_one;
+    ELASTIC_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<dim3(nb - qb0, p.n_kv_heads), kThreads, smem, stream>>>(
         reinterpret_cast<const __nv_bfloat16*>(p.q), reinterpret_cast<const __nv_bfloat16*>(p.k), p.T, p.pos0,
         p.n_heads, p.n_kv_heads, p.block, p.stride, p.tau, p.meta, p.blocks, p.offsets, p.counts, p.block_scores);
     ELASTIC_CUDA_CHECK(cudaGetLastError());

@@ -311,11 +311,16 @@ TEST(CudaXAttnEstimate, MatchesCpuSelection) {
   std::mt19937 rng(std::random_device{}());
   // Both kernels; shapes with G * B/S = 8 and 16 reshaped rows per KV head (the tensor-core kernel's one row tile).
   struct XCase { int Hq, Hkv, B; };
-  for (const auto kernel : {cuda::XAttnEstimateKernel::Simple, cuda::XAttnEstimateKernel::TensorCore})
+  // The tensor-core kernel also in its two-pass form (forced here; Auto takes it past ~128K tokens).
+  for (const auto kernel : {cuda::XAttnEstimateKernel::Simple, cuda::XAttnEstimateKernel::TensorCore,
+                            cuda::XAttnEstimateKernel::TensorCoreTwoPass})
   for (const XCase xc : {XCase{4, 2, 64}, XCase{8, 2, 64}, XCase{4, 2, 128}})
   for (const int hd : {64, 128})
     for (const int pos0 : {0, 256}) {
-      SCOPED_TRACE(std::string(kernel == cuda::XAttnEstimateKernel::Simple ? "simple" : "tensor-core") + " Hq " +
+      SCOPED_TRACE(std::string(kernel == cuda::XAttnEstimateKernel::Simple       ? "simple"
+                               : kernel == cuda::XAttnEstimateKernel::TensorCore ? "tensor-core"
+                                                                                 : "tensor-core two-pass") +
+                   " Hq " +
                    std::to_string(xc.Hq) + " B " + std::to_string(xc.B));
       const int T = 1000 - pos0 / 2, Hq = xc.Hq, Hkv = xc.Hkv, B = xc.B, G = Hq / Hkv, n_pos = pos0 + T,
                 nb = (n_pos + B - 1) / B;
@@ -389,6 +394,8 @@ TEST(CudaXAttnEstimate, TensorCoreRejectsTooManyRowsPerKvHead) {
   e.q = e.k = &d, e.meta = &m, e.blocks = e.offsets = e.counts = &i;
   e.T = 256, e.n_heads = 8, e.n_kv_heads = 1, e.head_dim = 64, e.block = 128;  // 8 heads x 8 rows = 64 > 16
   e.kernel = cuda::XAttnEstimateKernel::TensorCore;
+  EXPECT_THROW(cuda::xattn_estimate_cuda(e, nullptr), std::invalid_argument);
+  e.kernel = cuda::XAttnEstimateKernel::TensorCoreTwoPass;
   EXPECT_THROW(cuda::xattn_estimate_cuda(e, nullptr), std::invalid_argument);
 }
 
