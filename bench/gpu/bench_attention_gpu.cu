@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const int Hq = 32, Hkv = 8, hd = 128, B = 64, sink = 128, local = 2048, L = 5;
-  const int xattn_max_T = 131072;      // the tensor-core estimator (default) fits up to 128K at block 64
+  const int xattn_max_T = 131072;      // XAttn rows up to 128K (past it the estimator runs two passes, slowly)
   const int simple_est_max_T = 32768;  // the fp32 CUDA-core estimator is slow beyond this
   cudaDeviceProp prop{};
   ELASTIC_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
