@@ -694,8 +694,8 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
           for (int n = 0; n < HD / 8; ++n) {
             const uint32_t a = myQ + (n / 8) * (kBM * 128) + r * 128 + (((n % 8) ^ (r % 8)) * 16) + t4 * 4;
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(pack_bf16(o[n][rr * 2] * inv, o[n][rr * 2 + 1] * inv))
-                         : "memory");
+            const uint32_t v = pack_bf16(o[n][rr * 2] * inv, o[n][rr * 2 + 1] * inv);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
           }
         } else if (t >= 0 && t < T) {
           __nv_bfloat16* orow = out + static_cast<size_t>(t) * ldq + static_cast<size_t>(h) * HD;
@@ -777,8 +777,8 @@ int wgmma_opts(bool newer) {
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
     if (*end != '\0' || v < 0 || v > 3)
-      throw std::invalid_argument(std::string("ELASTIC_ATTN_OPTS must be 0..3 (1 adjacent pairs, 2 bulk stores), got '") +
-                                  e + "'");
+      throw std::invalid_argument(
+          std::string("ELASTIC_ATTN_OPTS must be 0..3 (1 adjacent pairs, 2 bulk stores), got '") + e + "'");
     return static_cast<int>(v);
   }
   return newer ? kOptAdjacentPairs | kOptBulkStore : 0;
@@ -810,8 +810,9 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
     grid = dim3(std::min(n_qtiles * (p.n_heads / 2), n_sm), 1);
   }
   attn_fwd_wgmma<HD, kPingpong, kPersistent, kOverlap><<<grid, 384, smem, stream>>>(
-      mq, mk, mv, mo, reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T, p.pos0, p.n_heads, p.n_kv_heads, p.block, p.meta,
-      p.xattn, n_qtiles, scale_log2, kPersistent ? persistent_counters(stream) : nullptr, wgmma_opts(kOverlap || kPersistent));
+      mq, mk, mv, mo, reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T, p.pos0, p.n_heads, p.n_kv_heads, p.block,
+      p.meta, p.xattn, n_qtiles, scale_log2, kPersistent ? persistent_counters(stream) : nullptr,
+      wgmma_opts(kOverlap || kPersistent));
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -830,8 +831,8 @@ KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block) {
   return m;
 }
 
-// ELASTIC_ATTN_KERNEL (auto, simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong) replaces what Auto picks, to compare or
-// rule out a kernel inside a whole model without rebuilding; an unknown value is an error.
+// ELASTIC_ATTN_KERNEL (auto, simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong) replaces what Auto
+// picks, to compare or rule out a kernel inside a whole model without rebuilding; an unknown value is an error.
 AttnKernel auto_override() {
   const char* e = std::getenv("ELASTIC_ATTN_KERNEL");
   const std::string v = e ? e : "auto";
@@ -869,7 +870,8 @@ void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
   else if (p.kernel == AttnKernel::WgmmaOverlap)
     p.head_dim == 64 ? launch_wgmma<64, true, false, true>(p, stream) : launch_wgmma<128, true, false, true>(p, stream);
   else if (p.kernel == AttnKernel::WgmmaOverlapNoPingpong)
-    p.head_dim == 64 ? launch_wgmma<64, false, false, true>(p, stream) : launch_wgmma<128, false, false, true>(p, stream);
+    p.head_dim == 64 ? launch_wgmma<64, false, false, true>(p, stream)
+                     : launch_wgmma<128, false, false, true>(p, stream);
   else if (p.kernel == AttnKernel::WgmmaPersistent)
     p.head_dim == 64 ? launch_wgmma<64, true, true, true>(p, stream) : launch_wgmma<128, true, true, true>(p, stream);
   else if (p.kernel == AttnKernel::WgmmaNoPingpong)

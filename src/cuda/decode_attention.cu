@@ -196,7 +196,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   __shared__ float red[kCombineThreads / 32], so[kParts][HD], sls[kParts];
   __shared__ float smax;
   float M = -INFINITY;
-  for (int s = tid; s < n_splits; s += kCombineThreads) M = fmaxf(M, ws[(static_cast<size_t>(s) * Hq + h) * (HD + 2) + HD]);
+  for (int s = tid; s < n_splits; s += kCombineThreads)
+    M = fmaxf(M, ws[(static_cast<size_t>(s) * Hq + h) * (HD + 2) + HD]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
   if (lane == 0) red[warp] = M;

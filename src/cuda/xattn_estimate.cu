@@ -469,7 +469,8 @@ void launch(const XAttnEstimateParams& p, cudaStream_t stream) {
   // Tensor cores when a KV head's G query heads fit one 16-row tile: in one pass where the per-(row, block) sums fit
   // shared memory, else in two passes (scores computed twice, only O(G * nb) floats kept).
   const size_t smem_one = mma_smem_bytes(p.stride * HD, nb), smem_two = mma_two_pass_smem_bytes(p.stride * HD, nb, G);
-  const bool shape_ok = G * rb <= 16, one_fits = shape_ok && smem_one <= limit, two_fits = shape_ok && smem_two <= limit;
+  const bool shape_ok = G * rb <= 16;
+  const bool one_fits = shape_ok && smem_one <= limit, two_fits = shape_ok && smem_two <= limit;
   const bool want_two = p.kernel == XAttnEstimateKernel::TensorCoreTwoPass;
   if ((p.kernel == XAttnEstimateKernel::TensorCore && !one_fits && !two_fits) || (want_two && !two_fits))
     bad("the tensor-core estimator needs (query heads per KV head) x block/stride <= 16 (have " +
