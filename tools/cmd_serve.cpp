@@ -41,7 +41,8 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
                   "cpu (batched decode of --parallel requests), or cuda (the bf16 GPU model, one request at a time)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   auto* parallel_opt = sub->get_option("--parallel");
-  cmds.push_back({sub, [o, parallel_opt] {
+  auto* budget_opt = sub->get_option("--kv-budget-mib");
+  cmds.push_back({sub, [o, parallel_opt, budget_opt] {
     const bool gpu = o->device == "cuda";
     if (gpu && parallel_opt->count() && o->parallel != 1)
       throw std::runtime_error("serve: --device cuda runs one request at a time; --parallel must be 1");
@@ -72,6 +73,9 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
       g = cuda::GpuModel::upload(m, go);
       std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
       so.backend = cuda::gpu_sequence_backend(*g);
+      if (budget_opt->count())
+        std::fprintf(stderr, "serve: --kv-budget-mib does not apply to --device cuda (its caches are reserved for -c "
+                             "positions at start, see the plan above)\n");
       so.max_slots = 1;
       so.max_context = go.max_ctx;
     }
