@@ -130,15 +130,18 @@ void decode_table(const std::vector<int>& lengths, Timer& timer) {
       DecodeParams p;
       p.q = q, p.out = out, p.heads = dh, p.n_pos = T, p.n_heads = Hq, p.n_kv_heads = Hkv, p.head_dim = hd;
       p.block = B, p.workspace = ws;
-      for (const DecodeCombine combine : {DecodeCombine::Serial, DecodeCombine::Parallel}) {
-        p.combine = combine;
-        const double ms = timer.median_ms([&] { decode_attention(p, nullptr); }, 50);
-        const double bytes = 2.0 * kept * hd * 2 * Hkv;
-        std::printf("| %d | %s, %s merge | %d | %.1f | %.0f |\n", T, mode ? "all streaming" : "all full",
-                    combine == DecodeCombine::Serial ? "serial" : "parallel", kept, ms * 1e3,
-                    bytes / (ms * 1e-3) * 1e-9);
-        std::fflush(stdout);
-      }
+      for (const DecodeLoads loads : {DecodeLoads::Direct, DecodeLoads::Staged})
+        for (const DecodeCombine combine : {DecodeCombine::Serial, DecodeCombine::Parallel}) {
+          p.combine = combine;
+          p.loads = loads;
+          const double ms = timer.median_ms([&] { decode_attention(p, nullptr); }, 50);
+          const double bytes = 2.0 * kept * hd * 2 * Hkv;
+          std::printf("| %d | %s, %s loads, %s merge | %d | %.1f | %.0f |\n", T, mode ? "all streaming" : "all full",
+                      loads == DecodeLoads::Direct ? "direct" : "staged",
+                      combine == DecodeCombine::Serial ? "serial" : "parallel", kept, ms * 1e3,
+                      bytes / (ms * 1e-3) * 1e-9);
+          std::fflush(stdout);
+        }
       ELASTIC_CUDA_CHECK(cudaFree(dh));
     }
     ELASTIC_CUDA_CHECK(cudaFree(kc));

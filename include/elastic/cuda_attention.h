@@ -114,6 +114,11 @@ struct DecodeKVHead {
 // Auto: ELASTIC_DECODE_COMBINE (serial or parallel) when set, else Serial until the parallel merge has been timed
 // on a GPU.
 enum class DecodeCombine : int { Auto = 0, Serial = 1, Parallel = 2 };
+// How a split's K and V rows reach the cores. Direct: each warp loads 8 rows at a time from the caches as it
+// computes. Staged: the CTA first copies all its rows into shared memory with cp.async (128 KB in flight per CTA at
+// hd 128), the scores starting once K has landed. Auto: ELASTIC_DECODE_LOADS (direct or staged) when set, else
+// Direct until the staged loads have been timed on a GPU.
+enum class DecodeLoads : int { Auto = 0, Direct = 1, Staged = 2 };
 struct DecodeParams {
   const uint16_t* q = nullptr;        // [Hq, hd] bf16
   uint16_t* out = nullptr;            // [Hq, hd] bf16
@@ -127,6 +132,7 @@ struct DecodeParams {
   // (decode_workspace_floats(n_heads, head_dim, max_pos)); splits past the live n_pos write empty partials.
   int max_pos = 0;
   DecodeCombine combine = DecodeCombine::Auto;
+  DecodeLoads loads = DecodeLoads::Auto;
 };
 // Host check of a head table before it goes to the device: throws naming the head when a streaming head's cache
 // cannot hold its sink blocks or its window (or the mode is unknown).

@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/mma_sync.cuh"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
 
@@ -48,7 +49,10 @@ __device__ __forceinline__ int cache_slot(const DecodeKVHead& hk, int j) {
 
 // GM: the largest group this instance handles (4, 8 or 16), so accumulators and shared arrays are sized for the
 // model's group, not for 16. The caller must pick GM >= G (launch() does): the shared arrays have GM rows.
-template <int HD, int GM>
+// kStaged: the CTA first copies its kept K and V rows into shared memory with 16-byte cp.async (all of them in
+// flight at once: 64 KB each at hd 128, where the direct loads keep 8 rows per warp in flight), then computes from
+// shared memory; the scores start once K has landed, while V is still arriving.
+template <int HD, int GM, bool kStaged>
 __global__ void __launch_bounds__(kThreads)
     decode_partial(const __nv_bfloat16* __restrict__ q, const DecodeKVHead* __restrict__ heads, int n_pos_arg,
                    const int32_t* __restrict__ n_pos_dev, int max_pos, int Hq, int Hkv, int B, float scale,
@@ -81,6 +85,24 @@ __global__ void __launch_bounds__(kThreads)
     sq[idx / HD][idx % HD] = __bfloat162float(q[static_cast<size_t>(kvh * G + idx / HD) * HD + idx % HD]);
   for (int i = tid; i < n; i += kThreads) sslot[i] = cache_slot(hk, kp.at(i0 + i));
   __syncthreads();
+  extern __shared__ __align__(16) unsigned char staged[];  // kStaged: K rows [kChunk][HD], then V rows, bf16
+  const __nv_bfloat16* sk = reinterpret_cast<const __nv_bfloat16*>(staged);
+  const __nv_bfloat16* sv = sk + kChunk * HD;
+  if constexpr (kStaged) {
+    constexpr int kRowChunks = HD / 8;  // 16-byte pieces per row
+    const uint32_t sbase = smem_addr(staged);
+    for (int part = 0; part < 2; ++part) {  // K, then V: two commit groups
+      const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(part == 0 ? hk.k : hk.v);
+      for (int idx = tid; idx < n * kRowChunks; idx += kThreads) {
+        const int r = idx / kRowChunks, c = idx % kRowChunks;
+        cp_async16(sbase + (part * kChunk * HD + r * HD + c * 8) * 2, src + static_cast<size_t>(sslot[r]) * HD + c * 8,
+                   16);
+      }
+      cp_async_commit();
+    }
+    cp_async_wait<1>();  // K has landed (this thread's copies); the barrier makes every thread's visible
+    __syncthreads();
+  }
 
   // A lane's kPer consecutive elements of a bf16 row, as floats (8- or 4-byte load).
   auto load_row = [&](const __nv_bfloat16* r, float* out) {
@@ -96,12 +118,14 @@ __global__ void __launch_bounds__(kThreads)
   };
   // Scores: warp w takes positions w, w + kWarps, ... kU at a time, all kU key rows loaded before the dot products.
   constexpr int kU = 8;
-  const __nv_bfloat16* kbase = reinterpret_cast<const __nv_bfloat16*>(hk.k) + lane * kPer;
+  const __nv_bfloat16* kbase = (kStaged ? sk : reinterpret_cast<const __nv_bfloat16*>(hk.k)) + lane * kPer;
   for (int i = warp; i < n; i += kWarps * kU) {
     float kv[kU][kPer];
 #pragma unroll
-    for (int u = 0; u < kU; ++u)  // past n: a valid row whose score is dropped
-      load_row(kbase + static_cast<size_t>(sslot[min(i + u * kWarps, n - 1)]) * HD, kv[u]);
+    for (int u = 0; u < kU; ++u) {  // past n: a valid row whose score is dropped
+      const int r = min(i + u * kWarps, n - 1);
+      load_row(kbase + static_cast<size_t>(kStaged ? r : sslot[r]) * HD, kv[u]);
+    }
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       if (g >= G) break;
@@ -133,7 +157,11 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   // O partial: the same position split as the scores; a lane accumulates its kPer dimensions of every group head,
   // kU value rows in flight per warp. The warps' sums meet in sq (the queries are no longer needed), in warp order.
-  const __nv_bfloat16* vbase = reinterpret_cast<const __nv_bfloat16*>(hk.v) + lane * kPer;
+  if constexpr (kStaged) {
+    cp_async_wait<0>();  // V has landed
+    __syncthreads();
+  }
+  const __nv_bfloat16* vbase = (kStaged ? sv : reinterpret_cast<const __nv_bfloat16*>(hk.v)) + lane * kPer;
   float acc[GM][kPer];
 #pragma unroll
   for (int g = 0; g < GM; ++g)
@@ -142,7 +170,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = warp; i < n; i += kWarps * kU) {
     float vv[kU][kPer];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) load_row(vbase + static_cast<size_t>(sslot[min(i + u * kWarps, n - 1)]) * HD, vv[u]);
+    for (int u = 0; u < kU; ++u) {
+      const int r = min(i + u * kWarps, n - 1);
+      load_row(vbase + static_cast<size_t>(kStaged ? r : sslot[r]) * HD, vv[u]);
+    }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int ii = i + u * kWarps;
@@ -252,6 +283,17 @@ __global__ void decode_combine(const float* __restrict__ ws, int n_splits, int H
 
 void bad(const std::string& what) { throw std::invalid_argument("decode_attention: " + what); }
 
+// Auto: ELASTIC_DECODE_LOADS (direct, staged) when set, else Direct (until the staged loads have been timed).
+DecodeLoads loads_for(DecodeLoads l) {
+  if (l != DecodeLoads::Auto) return l;
+  const char* e = std::getenv("ELASTIC_DECODE_LOADS");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "direct") return DecodeLoads::Direct;
+  if (v == "staged") return DecodeLoads::Staged;
+  bad("ELASTIC_DECODE_LOADS must be direct or staged (got '" + v + "')");
+  return DecodeLoads::Direct;
+}
+
 // Auto: ELASTIC_DECODE_COMBINE (serial, parallel) when set, else Serial. Read per call (cheap next to a launch), so a
 // graph captures whichever merge was in force at capture time.
 DecodeCombine combine_for(DecodeCombine c) {
@@ -270,12 +312,27 @@ template <int HD>
 void launch(const DecodeParams& p, cudaStream_t stream) {
   // With a device n_pos the grid (and the workspace) covers max_pos; the kernels find the live splits themselves.
   const bool parallel_merge = combine_for(p.combine) == DecodeCombine::Parallel;  // may throw: before any launch
+  const bool staged = loads_for(p.loads) == DecodeLoads::Staged;
   const int grid_pos = p.n_pos_dev ? p.max_pos : p.n_pos;
   const int splits = n_splits_for(grid_pos);
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
   const int G = p.n_heads / p.n_kv_heads;
-  auto kernel = G <= 4 ? decode_partial<HD, 4> : G <= 8 ? decode_partial<HD, 8> : decode_partial<HD, 16>;
-  kernel<<<dim3(p.n_kv_heads, splits), kThreads, 0, stream>>>(
+  auto kernel = staged ? (G <= 4   ? decode_partial<HD, 4, true>
+                          : G <= 8 ? decode_partial<HD, 8, true>
+                                   : decode_partial<HD, 16, true>)
+                       : (G <= 4   ? decode_partial<HD, 4, false>
+                          : G <= 8 ? decode_partial<HD, 8, false>
+                                   : decode_partial<HD, 16, false>);
+  const int staged_bytes = staged ? 2 * kChunk * HD * 2 : 0;  // K and V rows of one split
+  if (staged) {  // once per head size, at the first staged launch
+    static const bool configured = [] {
+      for (auto k : {decode_partial<HD, 4, true>, decode_partial<HD, 8, true>, decode_partial<HD, 16, true>})
+        ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kChunk * HD * 2));
+      return true;
+    }();
+    (void)configured;
+  }
+  kernel<<<dim3(p.n_kv_heads, splits), kThreads, staged_bytes, stream>>>(
       reinterpret_cast<const __nv_bfloat16*>(p.q), p.heads, p.n_pos, p.n_pos_dev, grid_pos, p.n_heads, p.n_kv_heads,
       p.block, scale, p.workspace);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
@@ -322,6 +379,8 @@ void decode_attention(const DecodeParams& p, cudaStream_t stream) {
   if (p.block != 64 && p.block != 128) bad("block must be 64 or 128");
   if (p.combine != DecodeCombine::Auto && p.combine != DecodeCombine::Serial && p.combine != DecodeCombine::Parallel)
     bad("unknown combine value " + std::to_string(static_cast<int>(p.combine)));
+  if (p.loads != DecodeLoads::Auto && p.loads != DecodeLoads::Direct && p.loads != DecodeLoads::Staged)
+    bad("unknown loads value " + std::to_string(static_cast<int>(p.loads)));
   if (p.head_dim == 64)
     launch<64>(p, stream);
   else if (p.head_dim == 128)

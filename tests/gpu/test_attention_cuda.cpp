@@ -470,9 +470,12 @@ TEST(CudaDecodeAttention, RingCacheMatchesCpu) {
     cuda::DecodeParams dp;
     dp.q = dq.p, dp.out = dout.p, dp.heads = dheads.p, dp.n_pos = c.n_pos, dp.n_heads = c.Hq;
     dp.n_kv_heads = c.Hkv, dp.head_dim = hd, dp.block = c.B, dp.workspace = ws.p;
+    for (const auto loads : {cuda::DecodeLoads::Direct, cuda::DecodeLoads::Staged})
     for (const auto combine : {cuda::DecodeCombine::Serial, cuda::DecodeCombine::Parallel}) {
-      const char* cname = combine == cuda::DecodeCombine::Serial ? "serial merge" : "parallel merge";
+      const std::string cname = std::string(loads == cuda::DecodeLoads::Direct ? "direct loads, " : "staged loads, ") +
+                                (combine == cuda::DecodeCombine::Serial ? "serial merge" : "parallel merge");
       dp.combine = combine;
+      dp.loads = loads;
       dout.up(std::vector<uint16_t>(q.size(), kNaNBf16));
       cuda::decode_attention(dp, nullptr);
       ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
@@ -501,8 +504,9 @@ TEST(CudaDecodeAttention, RejectsTooSmallRing) {
   EXPECT_NO_THROW(cuda::validate_decode_heads(&h, 1, 64));
 }
 
-// An unknown ELASTIC_DECODE_COMBINE is an error naming the variable, raised before any launch (no GPU needed).
-TEST(CudaDecodeAttention, UnknownCombineInEnvironmentIsAnError) {
+// An unknown ELASTIC_DECODE_COMBINE or ELASTIC_DECODE_LOADS is an error naming the variable, raised before any launch
+// (no GPU needed).
+TEST(CudaDecodeAttention, UnknownMergeOrLoadsInEnvironmentIsAnError) {
   uint16_t d = 0;
   float w = 0;
   cuda::DecodeKVHead h;
@@ -518,6 +522,18 @@ TEST(CudaDecodeAttention, UnknownCombineInEnvironmentIsAnError) {
       EXPECT_NE(std::string(e.what()).find("ELASTIC_DECODE_COMBINE"), std::string::npos) << e.what();
     }
   }
+  {
+    EnvGuard env("ELASTIC_DECODE_LOADS", "fast");
+    try {
+      cuda::decode_attention(p, nullptr);
+      ADD_FAILURE() << "no error for ELASTIC_DECODE_LOADS=fast";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("ELASTIC_DECODE_LOADS"), std::string::npos) << e.what();
+    }
+  }
   p.combine = static_cast<cuda::DecodeCombine>(7);
+  EXPECT_THROW(cuda::decode_attention(p, nullptr), std::invalid_argument);
+  p.combine = cuda::DecodeCombine::Auto;
+  p.loads = static_cast<cuda::DecodeLoads>(9);
   EXPECT_THROW(cuda::decode_attention(p, nullptr), std::invalid_argument);
 }

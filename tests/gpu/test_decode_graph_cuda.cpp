@@ -159,7 +159,7 @@ std::vector<uint16_t> run_host_path(DecodeParams p, int n_pos, DevBuf<uint16_t>&
   return out.down();
 }
 
-void run_config_with(const Config& c, elastic::cuda::DecodeCombine combine) {
+void run_config_with(const Config& c, elastic::cuda::DecodeCombine combine, elastic::cuda::DecodeLoads loads) {
   if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(std::random_device{}());
   const Caches cs = make_caches(c, rng);
@@ -177,7 +177,7 @@ void run_config_with(const Config& c, elastic::cuda::DecodeCombine combine) {
 
   DecodeParams base;
   base.q = dq.p, base.heads = dheads.p, base.n_heads = c.Hq, base.n_kv_heads = c.Hkv, base.head_dim = c.hd;
-  base.block = c.B, base.workspace = ws.p, base.combine = combine;
+  base.block = c.B, base.workspace = ws.p, base.combine = combine, base.loads = loads;
   DecodeParams pd = base;  // device-n_pos path
   pd.out = out_dev.p, pd.n_pos_dev = dpos.p, pd.max_pos = c.max_pos;
   pd.n_pos = -7;  // ignored when n_pos_dev is set
@@ -240,11 +240,17 @@ void run_config_with(const Config& c, elastic::cuda::DecodeCombine combine) {
   ELASTIC_CUDA_CHECK(cudaFreeHost(hpos));
 }
 
-// Both merges of the split partials (each must be bit-identical between its host path, device path and replays).
+// The default (direct loads, serial merge) and the other two forms together (staged loads, parallel merge): each
+// must be bit-identical between its host path, device path and replays.
 void run_config(const Config& c) {
-  for (const auto combine : {elastic::cuda::DecodeCombine::Serial, elastic::cuda::DecodeCombine::Parallel}) {
-    SCOPED_TRACE(combine == elastic::cuda::DecodeCombine::Serial ? "serial merge" : "parallel merge");
-    run_config_with(c, combine);
+  using elastic::cuda::DecodeCombine, elastic::cuda::DecodeLoads;
+  {
+    SCOPED_TRACE("direct loads, serial merge");
+    run_config_with(c, DecodeCombine::Serial, DecodeLoads::Direct);
+  }
+  {
+    SCOPED_TRACE("staged loads, parallel merge");
+    run_config_with(c, DecodeCombine::Parallel, DecodeLoads::Staged);
   }
 }
 
