@@ -79,8 +79,8 @@ KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block);
 // scores (probability mass per block, [Hq, nb, nb] fp32, rows < pos0/block untouched) for testing.
 // Auto: the tensor-core kernel where (Hq / Hkv) * block / stride <= 16 (in one pass where its per-(row, block) sums
 // fit shared memory, about 128K-160K tokens at block 64; beyond, in two passes that score twice but keep only
-// O(heads x blocks) floats), else the fp32 CUDA-core kernel. TensorCore / TensorCoreTwoPass / Simple force one (and
-// throw where it does not fit).
+// O(heads x blocks) floats), else the fp32 CUDA-core kernel. TensorCore forces the tensor-core kernel (one pass where
+// it fits, else two), TensorCoreTwoPass its two-pass form, Simple the fp32 one; each throws where it does not fit.
 enum class XAttnEstimateKernel { Auto, TensorCore, Simple, TensorCoreTwoPass };
 struct XAttnEstimateParams {
   const uint16_t* q = nullptr;  // [T, Hq, hd] bf16
@@ -103,8 +103,8 @@ inline int64_t xattn_list_capacity(int n_heads, int nb) { return int64_t(n_heads
 // (elastic::HeadKV::slot). Full and XAttn heads attend to all positions; streaming heads to the kept blocks of
 // streaming_keeps (the cache must hold them: sink_slots >= sink_blocks*block, ring_slots >= local_blocks*block).
 struct DecodeKVHead {
-  const uint16_t* k = nullptr;  // [slots, hd] bf16
-  const uint16_t* v = nullptr;  // [slots, hd] bf16
+  const uint16_t* k = nullptr;  // [slots, hd] bf16, 16-byte aligned (staged loads copy 16-byte pieces)
+  const uint16_t* v = nullptr;  // [slots, hd] bf16, 16-byte aligned
   int32_t sink_slots = 0, ring_slots = 0;
   int32_t mode = 0, sink_blocks = 0, local_blocks = 1, pad = 0;
 };

@@ -324,14 +324,9 @@ void launch(const DecodeParams& p, cudaStream_t stream) {
                           : G <= 8 ? decode_partial<HD, 8, false>
                                    : decode_partial<HD, 16, false>);
   const int staged_bytes = staged ? 2 * kChunk * HD * 2 : 0;  // K and V rows of one split
-  if (staged) {  // once per head size, at the first staged launch
-    static const bool configured = [] {
-      for (auto k : {decode_partial<HD, 4, true>, decode_partial<HD, 8, true>, decode_partial<HD, 16, true>})
-        ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kChunk * HD * 2));
-      return true;
-    }();
-    (void)configured;
-  }
+  // Per launch: the limit is a per-device setting (a second GPU in the process needs it too); not a stream operation,
+  // so also fine inside a graph capture.
+  if (staged) ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, staged_bytes));
   kernel<<<dim3(p.n_kv_heads, splits), kThreads, staged_bytes, stream>>>(
       reinterpret_cast<const __nv_bfloat16*>(p.q), p.heads, p.n_pos, p.n_pos_dev, grid_pos, p.n_heads, p.n_kv_heads,
       p.block, scale, p.workspace);

@@ -474,8 +474,8 @@ void launch(const XAttnEstimateParams& p, cudaStream_t stream) {
   const bool want_two = p.kernel == XAttnEstimateKernel::TensorCoreTwoPass;
   if ((p.kernel == XAttnEstimateKernel::TensorCore && !one_fits && !two_fits) || (want_two && !two_fits))
     bad("the tensor-core estimator needs (query heads per KV head) x block/stride <= 16 (have " +
-        std::to_string(G * rb) + ") and " + std::to_string(want_two ? smem_two : smem_one) +
-        " bytes of shared memory (have " + std::to_string(limit) + ")");
+        std::to_string(G * rb) + ") and " + std::to_string(smem_one) + " bytes of shared memory in one pass or " +
+        std::to_string(smem_two) + " in two (have " + std::to_string(limit) + ")");
   ELASTIC_CUDA_CHECK(cudaMemsetAsync(p.counts, 0, sizeof(int32_t) * p.n_heads * nb, stream));
   if (p.kernel != XAttnEstimateKernel::Simple && (one_fits || two_fits)) {
     const bool two = want_two || !one_fits;
