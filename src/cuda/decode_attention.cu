@@ -326,7 +326,8 @@ void launch(const DecodeParams& p, cudaStream_t stream) {
   const int staged_bytes = staged ? 2 * kChunk * HD * 2 : 0;  // K and V rows of one split
   // Per launch: the limit is a per-device setting (a second GPU in the process needs it too); not a stream operation,
   // so also fine inside a graph capture.
-  if (staged) ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, staged_bytes));
+  if (staged)
+    ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, staged_bytes));
   kernel<<<dim3(p.n_kv_heads, splits), kThreads, staged_bytes, stream>>>(
       reinterpret_cast<const __nv_bfloat16*>(p.q), p.heads, p.n_pos, p.n_pos_dev, grid_pos, p.n_heads, p.n_kv_heads,
       p.block, scale, p.workspace);
