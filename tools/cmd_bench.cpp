@@ -178,6 +178,14 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       go.chunk = o->chunk;
       g = o->model.empty() ? cuda::GpuModel::random(m.config, go, o->seed) : cuda::GpuModel::upload(m, go);
       std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
+      // The kernel variants this run uses, so a saved table says what it measured (docs/CUDA_ATTENTION.md).
+      auto env_or = [](const char* name, const char* dflt) {
+        const char* v = std::getenv(name);
+        return std::string(v && *v ? v : dflt);
+      };
+      std::fprintf(stderr, "kernels: attention %s, attention options %s, decode loads %s, decode merge %s\n",
+                   env_or("ELASTIC_ATTN_KERNEL", "auto").c_str(), env_or("ELASTIC_ATTN_OPTS", "default").c_str(),
+                   env_or("ELASTIC_DECODE_LOADS", "direct").c_str(), env_or("ELASTIC_DECODE_COMBINE", "serial").c_str());
     }
 #endif
     for (const std::string& mode : modes) (void)routing_for(mode, m.config, o->sparse, o->seed);  // fail fast
