@@ -307,6 +307,12 @@ void Scheduler::loop() {
           j.routing = used;
           a.stats = routed_prefill_stats(used, static_cast<int>(j.prompt.size()));
           a.length = static_cast<int>(j.prompt.size());
+          if (const size_t kb = o_.backend->kv_bytes()) {  // the gauge shows the backend's own caches
+            std::lock_guard g(mu_);
+            kv_in_use_ = kv_in_use_ - j.kv_bytes + kb;
+            j.kv_bytes = kb;
+            publish_gauges_locked();
+          }
         } else if (j.use_router) {
           // The router sizes each layer's cache as it decides; the reservation shrinks to what was allocated.
           a.cache.init_deferred(m_.config, j.capacity);
