@@ -2,9 +2,11 @@
 # GPU machine: which part of the overlap attention variant makes Archs/GpuModelTest.RouterDecidesLikeCpu/Qwen3 fail
 # inside the GPU suite (it passes alone)? Runs the suite (without the transformers-fixture tests) once per
 # kernel:options combination (ELASTIC_ATTN_KERNEL, ELASTIC_ATTN_OPTS: bit 0 adjacent tile pairs, bit 1 bulk-store
-# epilogue), then compute-sanitizer memcheck on that test alone. Needs .gpucarry/ (scripts/gpu_carry.sh).
+# epilogue), then compute-sanitizer memcheck on that test alone under ELASTIC_ATTN_KERNEL=overlap. Needs .gpucarry/
+# (scripts/gpu_carry.sh).
 # Env: COMBOS (default "overlap:0 wgmma:1": the overlap loop with the old pairing and stores, and v4 with the new
-# pairing; one suite run takes ~90 s, so at most 4 combinations fit one 10-minute call), SUITE_TIMEOUT (150),
+# pairing; one suite run takes 90-115 s, so with memcheck at most 3 combinations fit one 10-minute call),
+# SUITE_TIMEOUT (150),
 # SKIP_MEMCHECK, MEMCHECK_TIMEOUT (200).
 # Output: $OUT/suite_<kernel>_<opts>.txt, $OUT/memcheck_router.txt, one summary line per run on stdout.
 set -uo pipefail

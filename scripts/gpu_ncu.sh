@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU machine: Nsight Compute readings of one kernel (first launch whose mangled name matches KERNEL) inside a
 # program of .gpucarry/. Sections: speed of light, memory, warp state, scheduler; plus pipe utilisation and the stall
-# reasons per issued instruction as raw metrics. `--clock-control none` leaves the clocks alone (METHOD.md).
+# reasons per issued instruction as raw metrics. `--clock-control none` leaves the clocks alone (the GPU machine's
+# measuring rules ask for that).
 # Usage: KERNEL=<regex> bash scripts/gpu_ncu.sh <program> [args...]
 #   e.g. KERNEL=decode_partial bash scripts/gpu_ncu.sh bench_attention_gpu --decode 131072
 #        KERNEL=decode_combine bash scripts/gpu_ncu.sh bench_attention_gpu --decode 131072

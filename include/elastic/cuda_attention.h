@@ -34,13 +34,14 @@ struct XAttnBlockLists {
 // pingpong scheduling of its two consumer warpgroups; needs an even number of query heads per KV head.
 // WgmmaNoPingpong: the same without the pingpong (kept to measure it). Auto: Wgmma when the group is even, else
 // Simple; the environment variable ELASTIC_ATTN_KERNEL (auto, simple, wgmma, overlap, overlap-nopingpong,
-// persistent, nopingpong) replaces what Auto picks (an unknown value throws std::invalid_argument).
+// persistent, nopingpong) replaces what Auto picks where the group is even (an odd group stays on Simple; an unknown
+// value throws std::invalid_argument).
 // WgmmaOverlap: Wgmma plus the softmax of S_{i+1} overlapping P_i V_i inside each consumer warpgroup, adjacent
-// tile pairs and bulk-store epilogue; 3-4% faster than Wgmma on the kernel benches, but not the default: the
-// whole-model GPU test RouterDecidesLikeCpu fails with it (and with WgmmaPersistent) when run after the rest of the
-// GPU suite, cause not found yet (docs/CUDA_ATTENTION.md).
-// WgmmaPersistent: WgmmaOverlap with one CTA per SM taking (query tile, head pair) items from a device counter (its
-// launches on one device must not run concurrently on two streams).
+// tile pairs and bulk-store epilogue; within ~5% of Wgmma on the kernel benches (faster at most lengths), not the
+// default: the whole-model GPU test RouterDecidesLikeCpu fails with it (and with WgmmaPersistent) when run after the
+// rest of the GPU suite, cause not found yet (docs/CUDA_ATTENTION.md).
+// WgmmaPersistent: WgmmaOverlap with one CTA per SM taking (query tile, head pair) items from a device counter, with
+// direct stores (its launches on one device must not run concurrently on two streams).
 // WgmmaOverlapNoPingpong: WgmmaOverlap without the turn-taking (each warpgroup's softmax already overlaps its own
 // P V), kept to measure which of the two overlaps pays.
 enum class AttnKernel : int {

@@ -1,6 +1,7 @@
 // Fused block-sparse (hybrid) attention forward, one launch per layer for all heads. Two kernels compute the same
-// function: "Simple" (below, any GQA group) and "Wgmma" (further down, Hopper-only, even GQA groups); Auto picks
-// Wgmma when it applies.
+// function: "Simple" (below, any GQA group) and "Wgmma" (further down, Hopper-only, even GQA groups, with its
+// variants: no pingpong, intra-warpgroup overlap, persistent); Auto picks Wgmma (v4) when it applies, and
+// ELASTIC_ATTN_KERNEL / ELASTIC_ATTN_OPTS override that (hybrid_attention_fwd at the end of the file).
 //
 // Kernel "Simple" (FlashAttention-2 style, sm_80+ instructions, built for sm_90a):
 //   CTA = 4 warps = 64 query rows of one query head (16 rows per warp), aligned to absolute positions so a tile
