@@ -22,7 +22,9 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   ELASTIC_GPU_FIXTURES=$O/fixtures timeout ${TEST_TIMEOUT:-300} $C/elastic_gpu_tests 2>&1 | tee "$O/gpu_tests.log" | grep -vE "^\[ +(RUN|OK) " | tail -n 60
   rc=${PIPESTATUS[0]}
 fi
-if [ -z "${SKIP_TRAIN:-}" ]; then
+if [ -z "${SKIP_TRAIN:-}" ] && [ ! -x $C/bench_train_gpu ]; then
+  echo "gpu_model: no $C/bench_train_gpu (WITH_TRAIN_BENCH=1 bash scripts/gpu_carry.sh carries it): training bench skipped"
+elif [ -z "${SKIP_TRAIN:-}" ]; then
   timeout ${TRAIN_TIMEOUT:-300} $C/bench_train_gpu qwen3-4b "${TRAIN_LENGTHS:-8192,32768,65536}" 2 ssa \
     2> "$O/bench_train.err" | tee "$O/bench_train.md"
   tail -n 4 "$O/bench_train.err"
