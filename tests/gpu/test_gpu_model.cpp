@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <string>
 
 #include "elastic/cuda.h"
 #include "elastic/cuda_ops.h"
@@ -39,6 +40,33 @@ double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
     mv = std::max(mv, double(std::abs(ref[i])));
   }
   return md / mv;
+}
+
+// Where logits [T, V] differ: the largest |got - ref| of each group of `rows` positions, relative to the largest
+// |ref| overall, and the routing of each layer (F / S / X per KV head) -- printed when a prefill check fails, to
+// tell a chunk, a routing or a kernel apart.
+std::string where_logits_differ(const std::vector<float>& got, const std::vector<float>& ref, int V, int rows,
+                                const RoutingTable& r) {
+  if (got.size() != ref.size() || V <= 0) return "sizes differ";
+  double mv = 0;
+  for (float x : ref) mv = std::max(mv, double(std::abs(x)));
+  std::string out = "max rel. error per " + std::to_string(rows) + " positions:";
+  const int T = static_cast<int>(ref.size() / V);
+  for (int t0 = 0; t0 < T; t0 += rows) {
+    double md = 0;
+    for (size_t i = size_t(t0) * V; i < std::min(ref.size(), size_t(t0 + rows) * V); ++i)
+      md = std::max(md, double(std::abs(got[i] - ref[i])));
+    out += " [" + std::to_string(t0) + ", " + std::to_string(std::min(T, t0 + rows)) + "): " + std::to_string(md / mv);
+  }
+  out += "; routing (layer: KV heads)";
+  for (int l = 0; l < r.n_layers; ++l) {
+    out += " " + std::to_string(l) + ":";
+    for (int h = 0; h < r.n_kv_heads; ++h) {
+      const HeadMode m = r.mode[size_t(l) * r.n_kv_heads + h];
+      out += m == HeadMode::Full ? "F" : m == HeadMode::Streaming ? "S" : "X";
+    }
+  }
+  return out;
 }
 
 std::vector<int32_t> random_ids(int T, int V, std::mt19937_64& rng) {
@@ -162,7 +190,8 @@ TEST_P(GpuModelTest, RouterDecidesLikeCpu) {
     // Under the GPU's own decision, the CPU model gives the same logits.
     KVCache c2;
     const auto ref = cpu_prefill(m, ids, g->routing(), 128, c2, 512);
-    EXPECT_LT(rel_err(got, ref), kTol);
+    const double err = rel_err(got, ref);
+    EXPECT_LT(err, kTol) << where_logits_differ(got, ref, m.config.vocab, 64, g->routing());
   }
   // Router margins near zero can flip between bf16 and fp32 keys.
   EXPECT_GE(agree, total * 9 / 10) << agree << " of " << total << " head decisions agree";
