@@ -23,10 +23,11 @@
 #include <stdexcept>
 #include <string>
 
-#include "elastic/cuda.h"
+#include "cuda/env_choice.h"
 #include "cuda/mma_sync.cuh"
-#include "elastic/cuda_attention.h"
 #include "cuda/tile_walk.h"
+#include "elastic/cuda.h"
+#include "elastic/cuda_attention.h"
 
 namespace elastic::cuda {
 namespace {
@@ -34,6 +35,18 @@ namespace {
 constexpr int kBM = 64;   // query rows per CTA
 constexpr int kBN = 64;   // keys per tile
 constexpr int kWarps = 4;
+
+// Both kernels' epilogues. A thread holds columns n * 8 + t4 * 2 + {0, 1} of accumulator row rr (o[n][rr * 2 + e]):
+// they go to one output row scaled by inv = 1 / l; the log-sum-exp is natural-log, -inf for a row with no keys.
+template <int HD>
+__device__ __forceinline__ void store_row(__nv_bfloat16* orow, const float (&o)[HD / 8][4], int rr, float inv, int t4) {
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n)
+    *reinterpret_cast<uint32_t*>(orow + n * 8 + t4 * 2) = pack_bf16(o[n][rr * 2] * inv, o[n][rr * 2 + 1] * inv);
+}
+__device__ __forceinline__ float row_lse(float m_log2, float l) {
+  return l > 0.f ? (m_log2 + log2f(l)) * 0.69314718055994531f : -INFINITY;
+}
 
 // Copies rows [row0, row0 + 64) of one head (row stride `ld` elements) into a swizzled tile; rows >= n_rows -> 0.
 template <int HD>
@@ -148,8 +161,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       float mx = -INFINITY;
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][rr * 2], s[j][rr * 2 + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = quad_max(mx);
       const float m_new = fmaxf(row_m[rr], mx * scale_log2);
       const float base = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: keep exp finite
       corr[rr] = exp2_ftz(row_m[rr] - base);
@@ -197,19 +209,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // Normalize and store; lse in natural log.
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    float l = row_l[rr];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float l = quad_sum(row_l[rr]);
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int t = row_pos0 + rr * 8 - pos0;
     if (t < 0 || t >= T) continue;
-    __nv_bfloat16* orow = out + static_cast<size_t>(t) * ldq + static_cast<size_t>(h) * HD;
-#pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(orow + n * 8 + t4 * 2) = pack_bf16(o[n][rr * 2] * inv, o[n][rr * 2 + 1] * inv);
-    }
-    if (lse != nullptr && t4 == 0)
-      lse[static_cast<size_t>(h) * T + t] = l > 0.f ? (row_m[rr] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+    store_row<HD>(out + static_cast<size_t>(t) * ldq + static_cast<size_t>(h) * HD, o, rr, inv, t4);
+    if (lse != nullptr && t4 == 0) lse[static_cast<size_t>(h) * T + t] = row_lse(row_m[rr], l);
   }
 }
 
@@ -374,8 +379,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kWN / 8][4], int first, 
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kWN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][rr * 2], s[j][rr * 2 + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = quad_max(mx);
     const float m_new = fmaxf(row_m[rr], mx * scale_log2);
     const float bse = m_new == -INFINITY ? 0.f : m_new;
     corr[rr] = exp2_ftz(row_m[rr] - bse);
@@ -685,9 +689,7 @@ __global__ void __launch_bounds__(384, 1)
       const bool bulk_out = !kPersistent && (opts & kOptBulkStore) && qt * kBM - pos0 >= 0;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        float l = row_l[rr];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float l = quad_sum(row_l[rr]);
         const float inv = l > 0.f ? 1.f / l : 0.f;
         const int t = row_pos0 + rr * 8 - pos0;
         if (bulk_out) {
@@ -699,13 +701,9 @@ __global__ void __launch_bounds__(384, 1)
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
           }
         } else if (t >= 0 && t < T) {
-          __nv_bfloat16* orow = out + static_cast<size_t>(t) * ldq + static_cast<size_t>(h) * HD;
-#pragma unroll
-          for (int n = 0; n < HD / 8; ++n)
-            *reinterpret_cast<uint32_t*>(orow + n * 8 + t4 * 2) = pack_bf16(o[n][rr * 2] * inv, o[n][rr * 2 + 1] * inv);
+          store_row<HD>(out + static_cast<size_t>(t) * ldq + static_cast<size_t>(h) * HD, o, rr, inv, t4);
         }
-        if (lse != nullptr && t4 == 0 && t >= 0 && t < T)
-          lse[static_cast<size_t>(h) * T + t] = l > 0.f ? (row_m[rr] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+        if (lse != nullptr && t4 == 0 && t >= 0 && t < T) lse[static_cast<size_t>(h) * T + t] = row_lse(row_m[rr], l);
       }
       if (bulk_out) {
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes above, visible to the copy
@@ -835,17 +833,15 @@ KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block) {
 // ELASTIC_ATTN_KERNEL (auto, simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong) replaces what Auto
 // picks, to compare or rule out a kernel inside a whole model without rebuilding; an unknown value is an error.
 AttnKernel auto_override() {
-  const char* e = std::getenv("ELASTIC_ATTN_KERNEL");
-  const std::string v = e ? e : "auto";
-  if (v == "auto" || v.empty()) return AttnKernel::Auto;
-  if (v == "simple") return AttnKernel::Simple;
-  if (v == "wgmma") return AttnKernel::Wgmma;
-  if (v == "overlap") return AttnKernel::WgmmaOverlap;
-  if (v == "persistent") return AttnKernel::WgmmaPersistent;
-  if (v == "nopingpong") return AttnKernel::WgmmaNoPingpong;
-  if (v == "overlap-nopingpong") return AttnKernel::WgmmaOverlapNoPingpong;
-  throw std::invalid_argument("ELASTIC_ATTN_KERNEL: unknown kernel '" + v +
-                              "' (auto, simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong)");
+  return env_choice("ELASTIC_ATTN_KERNEL",
+                    {{"auto", AttnKernel::Auto},
+                     {"simple", AttnKernel::Simple},
+                     {"wgmma", AttnKernel::Wgmma},
+                     {"overlap", AttnKernel::WgmmaOverlap},
+                     {"overlap-nopingpong", AttnKernel::WgmmaOverlapNoPingpong},
+                     {"persistent", AttnKernel::WgmmaPersistent},
+                     {"nopingpong", AttnKernel::WgmmaNoPingpong}},
+                    AttnKernel::Auto);
 }
 
 void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {

@@ -15,10 +15,10 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
+#include "cuda/env_choice.h"
 #include "cuda/mma_sync.cuh"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
@@ -283,27 +283,18 @@ __global__ void decode_combine(const float* __restrict__ ws, int n_splits, int H
 
 void bad(const std::string& what) { throw std::invalid_argument("decode_attention: " + what); }
 
-// Auto: ELASTIC_DECODE_LOADS (direct, staged) when set, else Direct (until the staged loads have been timed).
+// Auto: ELASTIC_DECODE_LOADS when set, else Direct (until the staged loads have been timed).
 DecodeLoads loads_for(DecodeLoads l) {
   if (l != DecodeLoads::Auto) return l;
-  const char* e = std::getenv("ELASTIC_DECODE_LOADS");
-  const std::string v = e ? e : "";
-  if (v.empty() || v == "direct") return DecodeLoads::Direct;
-  if (v == "staged") return DecodeLoads::Staged;
-  bad("ELASTIC_DECODE_LOADS must be direct or staged (got '" + v + "')");
-  return DecodeLoads::Direct;
+  return env_choice("ELASTIC_DECODE_LOADS", {{"direct", DecodeLoads::Direct}, {"staged", DecodeLoads::Staged}},
+                    DecodeLoads::Direct);
 }
 
-// Auto: ELASTIC_DECODE_COMBINE (serial, parallel) when set, else Serial. Read per call (cheap next to a launch), so a
-// graph captures whichever merge was in force at capture time.
+// Auto: ELASTIC_DECODE_COMBINE when set, else Serial; a graph captures whichever merge was in force at capture time.
 DecodeCombine combine_for(DecodeCombine c) {
   if (c != DecodeCombine::Auto) return c;
-  const char* e = std::getenv("ELASTIC_DECODE_COMBINE");
-  const std::string v = e ? e : "";
-  if (v.empty() || v == "serial") return DecodeCombine::Serial;
-  if (v == "parallel") return DecodeCombine::Parallel;
-  bad("ELASTIC_DECODE_COMBINE must be serial or parallel (got '" + v + "')");
-  return DecodeCombine::Serial;
+  return env_choice("ELASTIC_DECODE_COMBINE",
+                    {{"serial", DecodeCombine::Serial}, {"parallel", DecodeCombine::Parallel}}, DecodeCombine::Serial);
 }
 
 int n_splits_for(int n_pos) { return (n_pos + kChunk - 1) / kChunk; }

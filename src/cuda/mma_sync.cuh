@@ -51,6 +51,16 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Sum and maximum over the 4 threads of a quad: the lanes that hold one row of an m16n8 accumulator.
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
 // Byte offset of 16-byte chunk c of row r in a [rows, W] bf16 tile: chunks XOR-swizzled by r % 8, so ldmatrix (plain
 // or transposed) reads are bank-conflict free.
 template <int W>

@@ -1,0 +1,26 @@
+#pragma once
+// A variant chosen by an environment variable (ELASTIC_ATTN_KERNEL, ELASTIC_DECODE_LOADS, ...): the value named by
+// the variable, `unset` when it is unset or empty; any other value throws std::invalid_argument naming the variable
+// and the accepted values. Read at each call, so a test or a graph capture sees the setting in force at that time.
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace elastic::cuda {
+
+template <class E>
+E env_choice(const char* var, std::initializer_list<std::pair<const char*, E>> names, E unset) {
+  const char* e = std::getenv(var);
+  if (!e || !*e) return unset;
+  std::string known;
+  for (const auto& nv : names) {
+    if (std::strcmp(e, nv.first) == 0) return nv.second;
+    known += (known.empty() ? "" : ", ") + std::string(nv.first);
+  }
+  throw std::invalid_argument(std::string(var) + " must be one of " + known + " (got '" + e + "')");
+}
+
+}  // namespace elastic::cuda
