@@ -345,33 +345,18 @@ void Scheduler::loop() {
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->finished; });
     if (active_.empty()) continue;
 
-    if (o_.backend) {  // one active request: its next decode step on the backend
-      Active& a = *active_.front();
-      const auto t0 = clock_t_::now();
-      try {
-        o_.backend->decode(a.next, logits);
-        ++a.length;
-      } catch (const std::exception& e) {
-        finish(a, "error", e.what());
-        active_.clear();
-        continue;
-      }
-      {
-        std::lock_guard g(met_.mu);
-        met_.decode_s += secs(clock_t_::now() - t0);
-        ++met_.decode_tokens;
-        ++met_.decode_steps;
-      }
-      on_token(a, a.sampler.sample(logits.data(), V));
-      std::erase_if(active_, [](const std::unique_ptr<Active>& x) { return x->finished; });
-      continue;
-    }
-    std::vector<DecodeSlot> slots;
-    slots.reserve(active_.size());
-    for (auto& a : active_) slots.push_back({a->next, &a->cache, &a->job->routing, &a->stats});
+    // One decode step for every running request: batched on the CPU model, or the one request on the backend.
     const auto t0 = clock_t_::now();
     try {
-      decode_batch(m_, slots, logits);
+      if (o_.backend) {
+        o_.backend->decode(active_.front()->next, logits);
+        ++active_.front()->length;
+      } else {
+        std::vector<DecodeSlot> slots;
+        slots.reserve(active_.size());
+        for (auto& a : active_) slots.push_back({a->next, &a->cache, &a->job->routing, &a->stats});
+        decode_batch(m_, slots, logits);
+      }
     } catch (const std::exception& e) {
       for (auto& a : active_) finish(*a, "error", e.what());
       active_.clear();
@@ -380,7 +365,7 @@ void Scheduler::loop() {
     {
       std::lock_guard g(met_.mu);
       met_.decode_s += secs(clock_t_::now() - t0);
-      met_.decode_tokens += slots.size();
+      met_.decode_tokens += active_.size();
       ++met_.decode_steps;
     }
     for (size_t b = 0; b < active_.size(); ++b)
