@@ -286,21 +286,26 @@ struct EnvGuard {
     else ::unsetenv(name.c_str());
   }
 };
+
+// With `var` set to `value` for the call, run() must throw std::invalid_argument whose message names `var`.
+template <class F>
+void expect_env_error(const char* var, const char* value, F&& run) {
+  EnvGuard env(var, value);
+  try {
+    run();
+    ADD_FAILURE() << "no error for " << var << "=" << value;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
+  }
+}
 }  // namespace
 
 // ELASTIC_ATTN_KERNEL replaces what Auto picks; an unknown name is an error that names the variable (thrown before
 // any launch, so this needs no GPU).
 TEST(CudaHybridAttention, UnknownKernelInEnvironmentIsAnError) {
   cuda::HybridAttnParams p;
-  {  // restored afterwards: a suite run under ELASTIC_ATTN_KERNEL=<kernel> must keep that kernel for later tests
-    EnvGuard env("ELASTIC_ATTN_KERNEL", "fastest");
-    try {
-      cuda::hybrid_attention_fwd(p, nullptr);
-      ADD_FAILURE() << "no error for ELASTIC_ATTN_KERNEL=fastest";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("ELASTIC_ATTN_KERNEL"), std::string::npos) << e.what();
-    }
-  }
+  // The variable is restored afterwards: a suite run under ELASTIC_ATTN_KERNEL=<kernel> keeps it for later tests.
+  expect_env_error("ELASTIC_ATTN_KERNEL", "fastest", [&] { cuda::hybrid_attention_fwd(p, nullptr); });
   EnvGuard env("ELASTIC_ATTN_KERNEL", "auto");
   EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);  // then the null pointers
 }
@@ -513,24 +518,8 @@ TEST(CudaDecodeAttention, UnknownMergeOrLoadsInEnvironmentIsAnError) {
   cuda::DecodeParams p;
   p.q = p.out = &d, p.heads = &h, p.workspace = &w;
   p.n_pos = 10, p.n_heads = 4, p.n_kv_heads = 2, p.head_dim = 128, p.block = 64;
-  {
-    EnvGuard env("ELASTIC_DECODE_COMBINE", "tree");
-    try {
-      cuda::decode_attention(p, nullptr);
-      ADD_FAILURE() << "no error for ELASTIC_DECODE_COMBINE=tree";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("ELASTIC_DECODE_COMBINE"), std::string::npos) << e.what();
-    }
-  }
-  {
-    EnvGuard env("ELASTIC_DECODE_LOADS", "fast");
-    try {
-      cuda::decode_attention(p, nullptr);
-      ADD_FAILURE() << "no error for ELASTIC_DECODE_LOADS=fast";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("ELASTIC_DECODE_LOADS"), std::string::npos) << e.what();
-    }
-  }
+  expect_env_error("ELASTIC_DECODE_COMBINE", "tree", [&] { cuda::decode_attention(p, nullptr); });
+  expect_env_error("ELASTIC_DECODE_LOADS", "fast", [&] { cuda::decode_attention(p, nullptr); });
   p.combine = static_cast<cuda::DecodeCombine>(7);
   EXPECT_THROW(cuda::decode_attention(p, nullptr), std::invalid_argument);
   p.combine = cuda::DecodeCombine::Auto;
