@@ -7,8 +7,9 @@
 # Env: COMBOS (default "overlap:0 wgmma:1": the overlap loop with the old pairing and stores, and v4 with the new
 # pairing; one suite run takes 90-115 s, so with memcheck at most 3 combinations fit one 10-minute call),
 # SUITE_TIMEOUT (150),
-# SKIP_MEMCHECK, MEMCHECK_TIMEOUT (200).
-# Output: $OUT/suite_<kernel>_<opts>.txt, $OUT/memcheck_router.txt, one summary line per run on stdout.
+# SKIP_MEMCHECK, TOOLS (compute-sanitizer tools, default memcheck), TOOL_KERNEL (overlap), TOOL_FILTER,
+# MEMCHECK_TIMEOUT (200 per tool).
+# Output: $OUT/suite_<kernel>_<opts>.txt, $OUT/<tool>_router.txt, one summary line per run on stdout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
@@ -23,8 +24,13 @@ for combo in ${COMBOS:-overlap:0 wgmma:1}; do
   echo "$k opts $o: rc $rc, $(grep -cE '^\[       OK \]' "$f") ok, failed: $(grep -E '^\[  FAILED  \] [A-Z]' "$f" |
     grep -v 'listed below' | sed 's/\[  FAILED  \] //; s/ (.*//' | sort -u | tr '\n' ' ')"
 done
+# memcheck finds out-of-range accesses; initcheck finds reads of device memory nothing wrote (a test that passes alone
+# on fresh, zeroed allocations and fails after other tests reused them); racecheck finds shared-memory hazards.
 if [ -z "${SKIP_MEMCHECK:-}" ]; then
-  ELASTIC_ATTN_KERNEL=overlap timeout "${MEMCHECK_TIMEOUT:-200}" compute-sanitizer --tool memcheck $C/elastic_gpu_tests \
-    --gtest_filter='Archs/GpuModelTest.RouterDecidesLikeCpu/*' > "$O/memcheck_router.txt" 2>&1
-  tail -3 "$O/memcheck_router.txt"
+  for tool in ${TOOLS:-memcheck}; do
+    ELASTIC_ATTN_KERNEL=${TOOL_KERNEL:-overlap} timeout "${MEMCHECK_TIMEOUT:-200}" compute-sanitizer --tool "$tool" \
+      $C/elastic_gpu_tests --gtest_filter="${TOOL_FILTER:-Archs/GpuModelTest.RouterDecidesLikeCpu/*}" \
+      > "$O/${tool}_router.txt" 2>&1
+    echo "$tool (rc $?):"; tail -4 "$O/${tool}_router.txt"
+  done
 fi
