@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 namespace elastic::cuda {
 
@@ -30,20 +31,20 @@ struct XAttnBlockLists {
   const int32_t* counts = nullptr;   // [Hq * nb]
 };
 
-// Simple: mma.sync m16n8k16 + cp.async, any group. Wgmma: TMA + mbarrier pipeline + wgmma, warp-specialized, with
-// pingpong scheduling of its two consumer warpgroups; needs an even number of query heads per KV head.
-// WgmmaNoPingpong: the same without the pingpong (kept to measure it). Auto: Wgmma when the group is even, else
-// Simple; the environment variable ELASTIC_ATTN_KERNEL (auto, simple, wgmma, overlap, overlap-nopingpong,
-// persistent, nopingpong) replaces what Auto picks where the group is even (an odd group stays on Simple; an unknown
-// value throws std::invalid_argument).
-// WgmmaOverlap: Wgmma plus the softmax of S_{i+1} overlapping P_i V_i inside each consumer warpgroup, adjacent
-// tile pairs and bulk-store epilogue; within ~5% of Wgmma on the kernel benches (faster at most lengths), not the
-// default: the whole-model GPU test RouterDecidesLikeCpu fails with it (and with WgmmaPersistent) when run after the
-// rest of the GPU suite, cause not found yet (docs/CUDA_ATTENTION.md).
+// Simple: mma.sync m16n8k16 + cp.async, any group. Wgmma ("v4"): TMA + mbarrier pipeline + wgmma, warp-specialized,
+// with pingpong scheduling of its two consumer warpgroups; needs an even number of query heads per KV head.
+// WgmmaOverlap: Wgmma plus the softmax of S_{i+1} overlapping P_i V_i inside each consumer warpgroup, adjacent tile
+// pairs and a bulk-store epilogue; 1-4% faster than Wgmma on full layers and 5-10% on streaming ones (H200,
+// docs/PERFORMANCE.md).
+// Auto: WgmmaOverlap when the group is even, else Simple; the environment variable ELASTIC_ATTN_KERNEL (auto,
+// simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong) replaces what Auto picks where the group is
+// even (an odd group stays on Simple; an unknown value throws std::invalid_argument).
+// WgmmaNoPingpong: Wgmma without the pingpong (kept to measure it).
 // WgmmaPersistent: WgmmaOverlap with one CTA per SM taking (query tile, head pair) items from a device counter, with
-// direct stores (its launches on one device must not run concurrently on two streams).
+// direct stores (its launches on one device must not run concurrently on two streams); slower than
+// WgmmaOverlap (6-24% on the H200), kept to measure it.
 // WgmmaOverlapNoPingpong: WgmmaOverlap without the turn-taking (each warpgroup's softmax already overlaps its own
-// P V), kept to measure which of the two overlaps pays.
+// P V), kept to measure which of the two overlaps pays (the turn-taking still does: 0.5-6% slower without it).
 enum class AttnKernel : int {
   Auto = 0,
   Simple = 1,
@@ -69,6 +70,10 @@ struct HybridAttnParams {
 
 // One launch for all heads of a layer. Throws std::invalid_argument on bad shapes (naming the field).
 void hybrid_attention_fwd(const HybridAttnParams& p, cudaStream_t stream);
+// What Auto runs for an even GQA group under the current environment (ELASTIC_ATTN_KERNEL, ELASTIC_ATTN_OPTS), e.g.
+// "overlap (adjacent pairs, bulk stores)", so logs and saved bench tables name the kernel they measured. Throws
+// std::invalid_argument on a bad variable, as a launch would.
+std::string describe_attention_auto();
 
 // Host helper: device metadata values for one KV head (sink / local in tokens, rounded up to blocks).
 KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block);
@@ -112,13 +117,14 @@ struct DecodeKVHead {
 // How the per-split partials are merged. Serial: one thread per output dimension walks every split in turn (two
 // dependent passes). Parallel: the split maxima are reduced by the whole CTA, then the splits are shared among
 // 256 / hd groups of threads, 4 loads in flight each, summed in a fixed order (so graph replays stay bit-identical).
-// Auto: ELASTIC_DECODE_COMBINE (serial or parallel) when set, else Serial until the parallel merge has been timed
-// on a GPU.
+// Auto: ELASTIC_DECODE_COMBINE (serial or parallel) when set, else Parallel (H200, Qwen3-4B shape: 330 against
+// 438 us per layer at 128K all-full, 57 against 80 us all-streaming; docs/PERFORMANCE.md).
 enum class DecodeCombine : int { Auto = 0, Serial = 1, Parallel = 2 };
 // How a split's K and V rows reach the cores. Direct: each warp loads 8 rows at a time from the caches as it
 // computes. Staged: the CTA first copies all its rows into shared memory with cp.async (128 KB in flight per CTA at
 // hd 128), the scores starting once K has landed. Auto: ELASTIC_DECODE_LOADS (direct or staged) when set, else
-// Direct until the staged loads have been timed on a GPU.
+// Direct: staged measured 3x slower on the H200 (about 440 against 1,600 GB/s at 128K all-full; one CTA per SM
+// with its 128 KB of shared memory leaves too few loads in flight), kept only as the measured alternative.
 enum class DecodeLoads : int { Auto = 0, Direct = 1, Staged = 2 };
 struct DecodeParams {
   const uint16_t* q = nullptr;        // [Hq, hd] bf16
@@ -140,5 +146,8 @@ struct DecodeParams {
 void validate_decode_heads(const DecodeKVHead* host_heads, int n_kv_heads, int block);
 int64_t decode_workspace_floats(int n_heads, int head_dim, int n_pos);
 void decode_attention(const DecodeParams& p, cudaStream_t stream);
+// What DecodeLoads::Auto / DecodeCombine::Auto resolve to under the current environment: "loads direct, merge
+// parallel". Throws std::invalid_argument on a bad variable.
+std::string describe_decode_auto();
 
 }  // namespace elastic::cuda

@@ -844,6 +844,22 @@ AttnKernel auto_override() {
                     AttnKernel::Auto);
 }
 
+std::string describe_attention_auto() {
+  AttnKernel k = auto_override();
+  if (k == AttnKernel::Auto) k = AttnKernel::WgmmaOverlap;  // what hybrid_attention_fwd resolves for even groups
+  const char* name = k == AttnKernel::Simple                   ? "simple"
+                     : k == AttnKernel::Wgmma                  ? "wgmma"
+                     : k == AttnKernel::WgmmaNoPingpong        ? "nopingpong"
+                     : k == AttnKernel::WgmmaOverlap           ? "overlap"
+                     : k == AttnKernel::WgmmaOverlapNoPingpong ? "overlap-nopingpong"
+                                                               : "persistent";
+  if (k == AttnKernel::Simple) return name;
+  const bool persistent = k == AttnKernel::WgmmaPersistent;
+  const int opts = wgmma_opts(persistent || k == AttnKernel::WgmmaOverlap || k == AttnKernel::WgmmaOverlapNoPingpong);
+  return std::string(name) + " (" + ((opts & kOptAdjacentPairs) ? "adjacent" : "even") + " pairs, " +
+         ((opts & kOptBulkStore) && !persistent ? "bulk" : "direct") + " stores)";
+}
+
 void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
   HybridAttnParams p = p_in;
   if (p.kernel == AttnKernel::Auto) {  // a wgmma kernel named in ELASTIC_ATTN_KERNEL applies to even groups only
@@ -862,7 +878,8 @@ void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
   const bool even_group = (p.n_heads / p.n_kv_heads) % 2 == 0;
   if (p.kernel != AttnKernel::Auto && p.kernel != AttnKernel::Simple && !even_group)
     bad("the wgmma kernels need an even number of query heads per KV head");
-  if (p.kernel == AttnKernel::Wgmma || (p.kernel == AttnKernel::Auto && even_group))
+  if (p.kernel == AttnKernel::Auto && even_group) p.kernel = AttnKernel::WgmmaOverlap;
+  if (p.kernel == AttnKernel::Wgmma)
     p.head_dim == 64 ? launch_wgmma<64, true, false>(p, stream) : launch_wgmma<128, true, false>(p, stream);
   else if (p.kernel == AttnKernel::WgmmaOverlap)
     p.head_dim == 64 ? launch_wgmma<64, true, false, true>(p, stream) : launch_wgmma<128, true, false, true>(p, stream);
