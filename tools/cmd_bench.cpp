@@ -15,6 +15,7 @@
 #include "cli_common.h"
 #include "elastic/model_shapes.h"
 #ifdef ELASTIC_HAVE_CUDA
+#include "elastic/cuda_attention.h"
 #include "elastic/gpu_model.h"
 #endif
 
@@ -179,13 +180,8 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       g = o->model.empty() ? cuda::GpuModel::random(m.config, go, o->seed) : cuda::GpuModel::upload(m, go);
       std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
       // The kernel variants this run uses, so a saved table says what it measured (docs/CUDA_ATTENTION.md).
-      auto env_or = [](const char* name, const char* dflt) {
-        const char* v = std::getenv(name);
-        return std::string(v && *v ? v : dflt);
-      };
-      std::fprintf(stderr, "kernels: attention %s, attention options %s, decode loads %s, decode merge %s\n",
-                   env_or("ELASTIC_ATTN_KERNEL", "auto").c_str(), env_or("ELASTIC_ATTN_OPTS", "default").c_str(),
-                   env_or("ELASTIC_DECODE_LOADS", "direct").c_str(), env_or("ELASTIC_DECODE_COMBINE", "serial").c_str());
+      std::fprintf(stderr, "kernels: attention %s; decode %s\n", cuda::describe_attention_auto().c_str(),
+                   cuda::describe_decode_auto().c_str());
     }
 #endif
     for (const std::string& mode : modes) (void)routing_for(mode, m.config, o->sparse, o->seed);  // fail fast

@@ -353,6 +353,11 @@ int64_t decode_workspace_floats(int n_heads, int head_dim, int n_pos) {
   return int64_t(n_splits_for(n_pos)) * n_heads * (head_dim + 2);
 }
 
+std::string describe_decode_auto() {
+  return std::string("loads ") + (loads_for(DecodeLoads::Auto) == DecodeLoads::Staged ? "staged" : "direct") +
+         ", merge " + (combine_for(DecodeCombine::Auto) == DecodeCombine::Parallel ? "parallel" : "serial");
+}
+
 void decode_attention(const DecodeParams& p, cudaStream_t stream) {
   if (!p.q || !p.out || !p.heads || !p.workspace) bad("null q, out, heads or workspace");
   if (p.n_pos_dev) {  // n_pos is read on the device; p.n_pos is ignored

@@ -300,6 +300,35 @@ void expect_env_error(const char* var, const char* value, F&& run) {
 }
 }  // namespace
 
+// The descriptions bench prints name what Auto resolves to, defaults and overrides alike (host only, no GPU).
+TEST(CudaHybridAttention, DescribesWhatAutoRuns) {
+  {
+    EnvGuard k("ELASTIC_ATTN_KERNEL", ""), o("ELASTIC_ATTN_OPTS", "");
+    EXPECT_EQ(cuda::describe_attention_auto(), "overlap (adjacent pairs, bulk stores)");
+  }
+  {
+    EnvGuard k("ELASTIC_ATTN_KERNEL", "wgmma"), o("ELASTIC_ATTN_OPTS", "");
+    EXPECT_EQ(cuda::describe_attention_auto(), "wgmma (even pairs, direct stores)");
+  }
+  {
+    EnvGuard k("ELASTIC_ATTN_KERNEL", "persistent"), o("ELASTIC_ATTN_OPTS", "3");
+    EXPECT_EQ(cuda::describe_attention_auto(), "persistent (adjacent pairs, direct stores)");
+  }
+  {
+    EnvGuard k("ELASTIC_ATTN_KERNEL", "simple");
+    EXPECT_EQ(cuda::describe_attention_auto(), "simple");
+  }
+  {
+    EnvGuard l("ELASTIC_DECODE_LOADS", ""), c("ELASTIC_DECODE_COMBINE", "");
+    EXPECT_EQ(cuda::describe_decode_auto(), "loads direct, merge parallel");
+  }
+  {
+    EnvGuard l("ELASTIC_DECODE_LOADS", "staged"), c("ELASTIC_DECODE_COMBINE", "serial");
+    EXPECT_EQ(cuda::describe_decode_auto(), "loads staged, merge serial");
+  }
+  expect_env_error("ELASTIC_ATTN_KERNEL", "fastest", [] { cuda::describe_attention_auto(); });
+}
+
 // ELASTIC_ATTN_KERNEL replaces what Auto picks; an unknown name is an error that names the variable (thrown before
 // any launch, so this needs no GPU).
 TEST(CudaHybridAttention, UnknownKernelInEnvironmentIsAnError) {
