@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include "scratch_dir.h"
 
 namespace elastic::testing {
 
@@ -46,7 +47,7 @@ inline void write_safetensors(const std::string& path, const std::vector<StTenso
 }
 
 inline std::string temp_dir(const std::string& tag) {
-  auto p = std::filesystem::temp_directory_path() / ("elastic_test_" + tag + "_" + std::to_string(::getpid()));
+  const auto p = elastic::test::scratch_dir() / tag;
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p.string();

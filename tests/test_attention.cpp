@@ -10,6 +10,7 @@
 #include "elastic/attention.h"
 #include "elastic/head_parallel.h"
 #include "elastic/model.h"
+#include "scratch_dir.h"
 
 using namespace elastic;
 
@@ -216,7 +217,7 @@ TEST(Attention, AllFullRoutingEqualsPlainModel) {
 }
 
 static std::string write_tmp(const std::string& body) {
-  std::string p = "/tmp/elastic_routing_" + std::to_string(::getpid()) + ".json";
+  std::string p = elastic::test::scratch_path("routing.json");
   std::ofstream(p) << body;
   return p;
 }

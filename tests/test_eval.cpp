@@ -12,6 +12,7 @@
 #include "elastic/eval.h"
 #include "elastic/plot_svg.h"
 #include "elastic/router.h"
+#include "scratch_dir.h"
 
 using namespace elastic;
 namespace fs = std::filesystem;
@@ -22,7 +23,7 @@ namespace {
 std::string fixture() { return std::string(ELASTIC_FIXTURE_DIR) + "/qwen3_tiny"; }
 
 std::string tmp_dir(const std::string& name) {
-  const std::string d = "/tmp/elastic_test_eval_" + std::to_string(getpid()) + "_" + name;
+  const std::string d = elastic::test::scratch_path("eval_" + name);
   fs::remove_all(d);
   return d;
 }
@@ -315,7 +316,7 @@ TEST(EvalPlots, ParetoFrontAndShapes) {
   const std::vector<ScatterPoint> p = {{"a", 1.0, 90}, {"b", 0.5, 80}, {"c", 0.6, 70}, {"d", 0.2, 40}, {"e", 0.5, 80}};
   const std::vector<size_t> f = pareto_front(p);
   EXPECT_EQ(f, (std::vector<size_t>{3, 1, 4, 0}));  // c is dominated by b; b and e tie (neither dominates)
-  const std::string path = "/tmp/elastic_test_eval_plot_" + std::to_string(getpid()) + ".svg";
+  const std::string path = elastic::test::scratch_path("eval_plot.svg");
   EXPECT_THROW(write_line_chart_svg(path, "t", "x", "y", {{"s", {1, 2}, {1}}}), std::runtime_error);
   EXPECT_THROW(write_bar_chart_svg(path, "t", "y", {"g1", "g2"}, {"s"}, {{1.0}}), std::runtime_error);
   EXPECT_THROW(write_line_chart_svg(path, "t", "x", "y", {{"s", {0, 2}, {1, 2}}}, true), std::runtime_error);

@@ -25,6 +25,7 @@
 #include "elastic/npy.h"
 #include "elastic/tokenizer.h"
 #include "model/ops.h"
+#include "scratch_dir.h"
 
 using namespace elastic;
 using namespace elastic::gguf;
@@ -36,9 +37,7 @@ const std::string kFix = ELASTIC_FIXTURE_DIR;
 const std::string kSmol = std::string(ELASTIC_FIXTURE_DIR) + "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 std::string tmp_path(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("elastic_gguf_test_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return (d / name).string();
+  return elastic::test::scratch_path(name);
 }
 
 std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {

@@ -9,6 +9,7 @@
 #include "elastic/heatmap_svg.h"
 #include "elastic/model.h"
 #include "elastic/probe.h"
+#include "scratch_dir.h"
 
 using namespace elastic;
 
@@ -17,7 +18,7 @@ namespace {
 std::string fixture() { return std::string(ELASTIC_FIXTURE_DIR) + "/qwen3_tiny"; }
 
 std::string tmp_path(const std::string& name) {
-  return "/tmp/elastic_test_probe_" + std::to_string(getpid()) + "_" + name;
+  return elastic::test::scratch_path("probe_" + name);
 }
 
 void write_file(const std::string& path, const std::string& text) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "elastic/tasks.h"
+#include "scratch_dir.h"
 
 using namespace elastic;
 namespace fs = std::filesystem;
@@ -24,7 +25,7 @@ const Tokenizer& qwen() {
 }
 
 std::string tmp_path(const std::string& name) {
-  return "/tmp/elastic_test_tasks_" + std::to_string(getpid()) + "_" + name;
+  return elastic::test::scratch_path("tasks_" + name);
 }
 
 TaskSpec spec(const std::string& name) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include "scratch_dir.h"
 
 namespace {
 
@@ -26,7 +27,7 @@ const Tokenizer& qwen() {
 }
 
 fs::path temp_dir() {
-  fs::path d = fs::temp_directory_path() / ("elastic_tok_test_" + std::to_string(::getpid()));
+  const fs::path d = elastic::test::scratch_dir() / "tok";
   fs::create_directories(d);
   return d;
 }
