@@ -34,8 +34,8 @@ struct XAttnBlockLists {
 // Simple: mma.sync m16n8k16 + cp.async, any group. Wgmma ("v4"): TMA + mbarrier pipeline + wgmma, warp-specialized,
 // with pingpong scheduling of its two consumer warpgroups; needs an even number of query heads per KV head.
 // WgmmaOverlap: Wgmma plus the softmax of S_{i+1} overlapping P_i V_i inside each consumer warpgroup, adjacent tile
-// pairs and a bulk-store epilogue; 1-4% faster than Wgmma on full layers and 5-10% on streaming ones (H200,
-// docs/PERFORMANCE.md).
+// pairs and a bulk-store epilogue; on the H200 2-12% faster than Wgmma on full layers from 8K to 128K tokens (one
+// row of ten 2% slower) and 9-12% on all-streaming ones (docs/CUDA_ATTENTION.md, "Against the targets").
 // Auto: WgmmaOverlap when the group is even, else Simple; the environment variable ELASTIC_ATTN_KERNEL (auto,
 // simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong) replaces what Auto picks where the group is
 // even (an odd group stays on Simple; an unknown value throws std::invalid_argument).

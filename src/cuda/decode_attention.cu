@@ -290,11 +290,13 @@ DecodeLoads loads_for(DecodeLoads l) {
                     DecodeLoads::Direct);
 }
 
-// Auto: ELASTIC_DECODE_COMBINE when set, else Parallel (measured faster at every length); a graph captures whichever merge was in force at capture time.
+// Auto: ELASTIC_DECODE_COMBINE when set, else Parallel (measured faster at every length); a graph captures
+// whichever merge was in force at capture time.
 DecodeCombine combine_for(DecodeCombine c) {
   if (c != DecodeCombine::Auto) return c;
   return env_choice("ELASTIC_DECODE_COMBINE",
-                    {{"serial", DecodeCombine::Serial}, {"parallel", DecodeCombine::Parallel}}, DecodeCombine::Parallel);
+                    {{"serial", DecodeCombine::Serial}, {"parallel", DecodeCombine::Parallel}},
+                    DecodeCombine::Parallel);
 }
 
 int n_splits_for(int n_pos) { return (n_pos + kChunk - 1) / kChunk; }
