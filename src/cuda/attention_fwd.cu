@@ -281,6 +281,10 @@ constexpr int kStages = 3;
 // Per-launch options of the wgmma kernel (defaults per AttnKernel in launch_wgmma; ELASTIC_ATTN_OPTS overrides).
 constexpr int kOptAdjacentPairs = 1;  // walk::PairIter pairs adjacent tiles at any parity (else even pairs)
 constexpr int kOptBulkStore = 2;      // non-persistent epilogue: O through shared memory and bulk tensor stores
+// Persistent kernel: CTA b takes items b and b + grid (a grid of half the items, so several CTAs wait their turn per
+// SM) instead of items from the device counter: the item-to-item handover (next Q and K/V loading during the last
+// step and epilogue) without the dynamic scheduler, to tell which of the two costs the persistent kernel its speed.
+constexpr int kOptStaticItems = 4;
 constexpr int kWN = 128;  // keys per wgmma-kernel tile: two 64-key tiles of the sparse lists ("halves")
 
 __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -488,7 +492,9 @@ __global__ void __launch_bounds__(384, 1)
       int i = 0;  // K/V tiles issued so far (the stage ring runs on across items)
       int j = kPersistent ? static_cast<int>(blockIdx.x) : 0;
       for (int k = 0;; ++k) {
-        const int j_next = kPersistent ? static_cast<int>(gridDim.x) + atomicAdd(&sched[0], 1) : n_items;
+        const int j_next = !kPersistent                ? n_items
+                           : (opts & kOptStaticItems) ? j + static_cast<int>(gridDim.x)
+                                                      : static_cast<int>(gridDim.x) + atomicAdd(&sched[0], 1);
         int qt, h0;
         item_at(j, qt, h0);
         const int kvh = h0 / group;
@@ -522,7 +528,8 @@ __global__ void __launch_bounds__(384, 1)
             item_slot[(k + 1) & 1] = -1;
             mbar_arrive(bar_q);
             __threadfence();
-            if (atomicAdd(&sched[1], 1) == static_cast<int>(gridDim.x) - 1) {  // every CTA has taken its last item
+            if (!(opts & kOptStaticItems) &&
+                atomicAdd(&sched[1], 1) == static_cast<int>(gridDim.x) - 1) {  // every CTA has taken its last item
               sched[0] = 0;
               sched[1] = 0;
               __threadfence();
@@ -775,9 +782,9 @@ int wgmma_opts(bool newer) {
   if (e && *e) {
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
-    if (*end != '\0' || v < 0 || v > 3)
-      throw std::invalid_argument(
-          std::string("ELASTIC_ATTN_OPTS must be 0..3 (1 adjacent pairs, 2 bulk stores), got '") + e + "'");
+    if (*end != '\0' || v < 0 || v > 7)
+      throw std::invalid_argument(std::string("ELASTIC_ATTN_OPTS must be 0..7 (1 adjacent pairs, 2 bulk stores, 4 two "
+                                              "static items per persistent CTA), got '") + e + "'");
     return static_cast<int>(v);
   }
   return newer ? kOptAdjacentPairs | kOptBulkStore : 0;
@@ -798,6 +805,7 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
   const CUtensorMap mo = make_map(p.out, HD, p.n_heads, p.T);  // same shape as q: the epilogue's bulk stores
   const int qt0 = p.pos0 / kBM, qt1 = (p.pos0 + p.T - 1) / kBM, n_qtiles = qt1 - qt0 + 1;
   const float scale_log2 = 1.f / std::sqrt(static_cast<float>(HD)) * 1.4426950408889634f;
+  const int opts = wgmma_opts(kOverlap || kPersistent);
   dim3 grid(n_qtiles, p.n_heads / 2);
   if (kPersistent) {  // one CTA per SM (the kernel's shared memory allows one), never more than the work items
     static int n_sm = 0;
@@ -806,12 +814,12 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
       ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
       ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
     }
-    grid = dim3(std::min(n_qtiles * (p.n_heads / 2), n_sm), 1);
+    const int n_items = n_qtiles * (p.n_heads / 2);
+    grid = dim3((opts & kOptStaticItems) ? (n_items + 1) / 2 : std::min(n_items, n_sm), 1);
   }
   attn_fwd_wgmma<HD, kPingpong, kPersistent, kOverlap><<<grid, 384, smem, stream>>>(
       mq, mk, mv, mo, reinterpret_cast<__nv_bfloat16*>(p.out), p.lse, p.T, p.pos0, p.n_heads, p.n_kv_heads, p.block,
-      p.meta, p.xattn, n_qtiles, scale_log2, kPersistent ? persistent_counters(stream) : nullptr,
-      wgmma_opts(kOverlap || kPersistent));
+      p.meta, p.xattn, n_qtiles, scale_log2, kPersistent ? persistent_counters(stream) : nullptr, opts);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -857,7 +865,8 @@ std::string describe_attention_auto() {
   const bool persistent = k == AttnKernel::WgmmaPersistent;
   const int opts = wgmma_opts(persistent || k == AttnKernel::WgmmaOverlap || k == AttnKernel::WgmmaOverlapNoPingpong);
   return std::string(name) + " (" + ((opts & kOptAdjacentPairs) ? "adjacent" : "even") + " pairs, " +
-         ((opts & kOptBulkStore) && !persistent ? "bulk" : "direct") + " stores)";
+         ((opts & kOptBulkStore) && !persistent ? "bulk" : "direct") + " stores" +
+         (persistent && (opts & kOptStaticItems) ? ", 2 static items per CTA" : "") + ")";
 }
 
 void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {

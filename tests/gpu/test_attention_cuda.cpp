@@ -315,6 +315,10 @@ TEST(CudaHybridAttention, DescribesWhatAutoRuns) {
     EXPECT_EQ(cuda::describe_attention_auto(), "persistent (adjacent pairs, direct stores)");
   }
   {
+    EnvGuard k("ELASTIC_ATTN_KERNEL", "persistent"), o("ELASTIC_ATTN_OPTS", "5");
+    EXPECT_EQ(cuda::describe_attention_auto(), "persistent (adjacent pairs, direct stores, 2 static items per CTA)");
+  }
+  {
     EnvGuard k("ELASTIC_ATTN_KERNEL", "simple");
     EXPECT_EQ(cuda::describe_attention_auto(), "simple");
   }
@@ -327,6 +331,8 @@ TEST(CudaHybridAttention, DescribesWhatAutoRuns) {
     EXPECT_EQ(cuda::describe_decode_auto(), "loads staged, merge serial");
   }
   expect_env_error("ELASTIC_ATTN_KERNEL", "fastest", [] { cuda::describe_attention_auto(); });
+  EnvGuard k("ELASTIC_ATTN_KERNEL", "overlap");
+  expect_env_error("ELASTIC_ATTN_OPTS", "8", [] { cuda::describe_attention_auto(); });
 }
 
 // ELASTIC_ATTN_KERNEL replaces what Auto picks; an unknown name is an error that names the variable (thrown before
