@@ -426,7 +426,8 @@ __device__ __forceinline__ void rescale(float (&o)[HD / 8][4], const float* corr
 // running items share one or two KV heads' K/V in L2 and the shortest items come last. The first item is blockIdx.x;
 // the producer takes each next one from a global counter (atomicAdd: the items' lengths differ too much for a static
 // round robin) and hands it to the consumers through a shared slot published by the Q barrier (-1: no more). The
-// last CTA to finish resets the counter for the next launch. The consumers release Q once their item's last
+// last CTA to finish resets the counter for the next launch. With kOptStaticItems the grid is half the items and CTA
+// b takes items b and b + grid (at most two), without the counter. The consumers release Q once their item's last
 // S = Q K^T has completed, so the next item's Q loads during its last step and epilogue.
 // kOverlap: intra-warpgroup overlap of the softmax of S_{i+1} with P_i V_i (see the consumer loop).
 template <int HD, bool kPingpong, bool kPersistent, bool kOverlap>
@@ -761,7 +762,8 @@ CUtensorMap make_map(const void* ptr, int hd, int heads, int rows) {
 
 // The persistent kernel's work counter and retired-CTA count, one pair per device, zero between launches (the last
 // CTA of each launch resets them). Launches of the persistent kernel on one device must therefore not overlap in
-// time (two streams running it at once would share the counter).
+// time (two streams running it at once would share the counter); static-item launches (kOptStaticItems) leave them
+// untouched.
 int* persistent_counters(cudaStream_t stream) {
   static int* counters[64] = {};
   int dev = 0;
@@ -807,7 +809,9 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
   const float scale_log2 = 1.f / std::sqrt(static_cast<float>(HD)) * 1.4426950408889634f;
   const int opts = wgmma_opts(kOverlap || kPersistent);
   dim3 grid(n_qtiles, p.n_heads / 2);
-  if (kPersistent) {  // one CTA per SM (the kernel's shared memory allows one), never more than the work items
+  // Persistent: one CTA per SM (the kernel's shared memory allows one), never more than the work items; with
+  // kOptStaticItems ceil(items / 2) CTAs, each taking at most two.
+  if (kPersistent) {
     static int n_sm = 0;
     if (n_sm == 0) {
       int dev = 0;
@@ -866,7 +870,7 @@ std::string describe_attention_auto() {
   const int opts = wgmma_opts(persistent || k == AttnKernel::WgmmaOverlap || k == AttnKernel::WgmmaOverlapNoPingpong);
   return std::string(name) + " (" + ((opts & kOptAdjacentPairs) ? "adjacent" : "even") + " pairs, " +
          ((opts & kOptBulkStore) && !persistent ? "bulk" : "direct") + " stores" +
-         (persistent && (opts & kOptStaticItems) ? ", 2 static items per CTA" : "") + ")";
+         (persistent && (opts & kOptStaticItems) ? ", up to 2 static items per CTA" : "") + ")";
 }
 
 void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
