@@ -31,11 +31,12 @@ elif [ -z "${SKIP_TRAIN:-}" ]; then
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   timeout ${BENCH_TIMEOUT:-400} $C/elastic bench --device cuda --shape qwen3-4b -c "$LENGTHS" --modes "$MODES" -r "$REPS" \
-    2> "$O/bench_gpu.err" | tee "$O/bench_gpu.md"
+    --plot "$O/bench_gpu" 2> "$O/bench_gpu.err" | tee "$O/bench_gpu.md"
   tail -n 3 "$O/bench_gpu.err"
   if [ -n "${LONG_LENGTHS:-}" ]; then
     timeout ${BENCH_TIMEOUT:-400} $C/elastic bench --device cuda --shape qwen3-4b -c "$LONG_LENGTHS" \
-      --modes "${LONG_MODES:-full,ssa,hybrid@0.5,hybrid@0.7,hybrid@0.9}" -r "$REPS" 2> "$O/bench_gpu_long.err" \
+      --modes "${LONG_MODES:-full,ssa,hybrid@0.5,hybrid@0.7,hybrid@0.9}" -r "$REPS" --plot "$O/bench_gpu_long" \
+      2> "$O/bench_gpu_long.err" \
       | tee "$O/bench_gpu_long.md"
     tail -n 3 "$O/bench_gpu_long.err"
   fi

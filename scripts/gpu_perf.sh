@@ -17,7 +17,7 @@ export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 [ -n "${SKIP_DECODE:-}" ] || timeout 120 $C/bench_attention_gpu --decode ${DECODE_LENGTHS:-8192 16384 32768 65536 131072} | tee "$O/decode_kernel.md"
 [ -n "${SKIP_ATTN:-}" ] || timeout 240 $C/bench_attention_gpu ${ATTN_LENGTHS:-8192 32768 131072} | tee "$O/attention.md"
 [ -n "${SKIP_E2E:-}" ] || timeout 300 $C/elastic bench --device cuda --shape qwen3-4b -c "${BENCH_LENGTHS:-8k,32k}" \
-  --modes "${BENCH_MODES:-full,ssa,hybrid@0.7,xattn}" -r "${REPS:-2}" --decode 34 | tee "$O/bench.md"
+  --modes "${BENCH_MODES:-full,ssa,hybrid@0.7,xattn}" -r "${REPS:-2}" --decode 34 --plot "$O/bench" | tee "$O/bench.md"
 if [ -n "${KERNEL_LENGTHS:-}" ]; then
   timeout 200 python3 bench/gpu/sdpa_baseline.py $KERNEL_LENGTHS | tee "$O/sdpa.md"
   timeout 200 $C/bench_attention_gpu --kernels $KERNEL_LENGTHS | tee "$O/kernels.md"

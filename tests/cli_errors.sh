@@ -58,6 +58,10 @@ expect_fail "exceeds the model's 128-token context" $BIN eval -m $FX/qwen3_tiny 
 # The GPU backend refuses shapes its kernels do not run, and says when there is no device (CI has none).
 expect_fail "head_dim 32 is not supported" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --device cuda
 expect_fail "--device" $BIN bench --device tpu
+$BIN bench -c 128,256 --modes full,ssa -r 1 --plot $TMP/bench >/dev/null 2>&1 && [ -s $TMP/bench_prefill.svg ] &&
+  [ "$(grep -c 'class="series"' $TMP/bench_attention.svg)" -eq 2 ] && [ ! -e $TMP/bench_decode.svg ] ||
+  { echo "FAIL: bench --plot"; fails=$((fails+1)); }
+expect_fail "cannot write SVG" $BIN bench -c 128 --modes full -r 1 --plot $TMP/no/such/dir/bench
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
 expect_fail "--attn-kernel" $BIN bench --device cuda --attn-kernel fastest
 expect_fail "--device" $BIN train-router -m $FX/qwen3_tiny --device tpu

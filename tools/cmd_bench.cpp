@@ -14,6 +14,7 @@
 
 #include "cli_common.h"
 #include "elastic/model_shapes.h"
+#include "elastic/plot_svg.h"
 #ifdef ELASTIC_HAVE_CUDA
 #include "elastic/cuda_attention.h"
 #include "elastic/gpu_model.h"
@@ -101,6 +102,31 @@ void mean_sd(const std::vector<double>& v, double& mean, double& sd) {
   sd = v.size() > 1 ? std::sqrt(sd / (v.size() - 1)) : 0;
 }
 
+// One series per mode, x = context length (log2 axis). Decode only where it was timed.
+void write_plots(const std::vector<Row>& rows, const std::vector<std::string>& modes, const std::string& prefix,
+                 const std::string& model, const std::string& device) {
+  auto series = [&](double Row::*field) {
+    std::vector<PlotSeries> out;
+    for (const std::string& mode : modes) {
+      PlotSeries ps{mode, {}, {}};
+      for (const Row& r : rows)
+        if (r.mode == mode && std::isfinite(r.*field)) ps.x.push_back(r.ctx), ps.y.push_back(r.*field);
+      if (!ps.x.empty()) out.push_back(ps);
+    }
+    return out;
+  };
+  const std::string what = model + " on " + device;
+  write_line_chart_svg(prefix + "_prefill.svg", "Prefill speed, " + what, "context (tokens)", "prefill tokens/s",
+                       series(&Row::tok_s), true);
+  write_line_chart_svg(prefix + "_attention.svg", "Attention time per prefill, " + what, "context (tokens)",
+                       "attention ms (all layers)", series(&Row::attn_ms), true);
+  const auto decode = series(&Row::tg);
+  if (!decode.empty())
+    write_line_chart_svg(prefix + "_decode.svg", "Decode speed after the prefill, " + what, "context (tokens)",
+                         "decode tokens/s", decode, true);
+  std::fprintf(stderr, "bench: plots written to %s_*.svg\n", prefix.c_str());
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app, Commands& cmds) {
@@ -108,7 +134,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     std::string model, shape = "tiny", ctx = "512,1024", modes = "full,ssa,xattn,hybrid@0.5,hybrid@0.7,hybrid@0.9",
                        out = "md";
     int layers = 0, vocab = 0, reps = 3, threads = 0, chunk = 16384, decode = 32;
-    std::string device = "cpu", attn_kernel;
+    std::string device = "cpu", attn_kernel, plot;
     uint64_t seed = 0;
     SparseSettings sparse;
   };
@@ -128,6 +154,9 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--local", o->sparse.local, "Streaming local window tokens");
   sub->add_option("--seed", o->seed, "Seed (weights, prompts, hybrid routings)");
   sub->add_option("-o,--output", o->out, "Output format")->check(CLI::IsMember({"md", "json", "csv"}));
+  sub->add_option("--plot", o->plot,
+                  "Also write speed curves per mode against context length: PREFIX_prefill.svg (tokens/s), "
+                  "PREFIX_attention.svg (attention ms) and, with --decode on the GPU, PREFIX_decode.svg");
   sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
   sub->add_option("--device", o->device, "cpu, or cuda (bf16 GPU backend)")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--decode", o->decode, "GPU: decode steps timed after each row's prefill (0 = none)")
@@ -252,6 +281,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       }
     }
     std::fprintf(stderr, "\n");
+    if (!o->plot.empty()) write_plots(rows, modes, o->plot, name, o->device);
     if (o->out == "json") {
       nlohmann::json j = nlohmann::json::array();
       for (const Row& r : rows)
