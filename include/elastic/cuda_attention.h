@@ -34,8 +34,8 @@ struct XAttnBlockLists {
 // Simple: mma.sync m16n8k16 + cp.async, any group. Wgmma ("v4"): TMA + mbarrier pipeline + wgmma, warp-specialized,
 // with pingpong scheduling of its two consumer warpgroups; needs an even number of query heads per KV head.
 // WgmmaOverlap: Wgmma plus the softmax of S_{i+1} overlapping P_i V_i inside each consumer warpgroup, adjacent tile
-// pairs and a bulk-store epilogue; on the H200 2-12% faster than Wgmma on full layers from 8K to 128K tokens (one
-// row of ten 2% slower) and 9-12% on all-streaming ones (docs/CUDA_ATTENTION.md, "Against the targets").
+// pairs and a bulk-store epilogue; on the H200 1.02-1.13x Wgmma's speed on full layers from 8K to 128K tokens (one
+// row of ten 2% slower) and 1.10-1.14x on all-streaming ones (docs/CUDA_ATTENTION.md, "Against the targets").
 // Auto: WgmmaOverlap when the group is even, else Simple; the environment variable ELASTIC_ATTN_KERNEL (auto,
 // simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong) replaces what Auto picks where the group is
 // even (an odd group stays on Simple; an unknown value throws std::invalid_argument).
@@ -44,7 +44,8 @@ struct XAttnBlockLists {
 // direct stores (its launches on one device must not run concurrently on two streams); slower than
 // WgmmaOverlap (6-24% on the H200), kept to measure it.
 // WgmmaOverlapNoPingpong: WgmmaOverlap without the turn-taking (each warpgroup's softmax already overlaps its own
-// P V), kept to measure which of the two overlaps pays (the turn-taking still does: 0.5-6% slower without it).
+// P V), kept to measure which of the two overlaps pays (the turn-taking still does:
+// 0.3-6% slower without it on full layers, 5-7% on streaming ones).
 enum class AttnKernel : int {
   Auto = 0,
   Simple = 1,
@@ -123,7 +124,8 @@ enum class DecodeCombine : int { Auto = 0, Serial = 1, Parallel = 2 };
 // How a split's K and V rows reach the cores. Direct: each warp loads 8 rows at a time from the caches as it
 // computes. Staged: the CTA first copies all its rows into shared memory with cp.async (128 KB in flight per CTA at
 // hd 128), the scores starting once K has landed. Auto: ELASTIC_DECODE_LOADS (direct or staged) when set, else
-// Direct: staged measured 3x slower on the H200 (about 440 against 1,600 GB/s at 128K all-full; one CTA per SM
+// Direct: staged measured 3-3.6x slower on the H200 (1,204 against 330 us at 128K all-full with the parallel
+// merge, 446 against 1,628 GB/s; one CTA per SM
 // with its 128 KB of shared memory leaves too few loads in flight), kept only as the measured alternative.
 enum class DecodeLoads : int { Auto = 0, Direct = 1, Staged = 2 };
 struct DecodeParams {

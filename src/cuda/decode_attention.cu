@@ -283,7 +283,7 @@ __global__ void decode_combine(const float* __restrict__ ws, int n_splits, int H
 
 void bad(const std::string& what) { throw std::invalid_argument("decode_attention: " + what); }
 
-// Auto: ELASTIC_DECODE_LOADS when set, else Direct (staged measured 3x slower, cuda_attention.h).
+// Auto: ELASTIC_DECODE_LOADS when set, else Direct (staged measured 3-3.6x slower, cuda_attention.h).
 DecodeLoads loads_for(DecodeLoads l) {
   if (l != DecodeLoads::Auto) return l;
   return env_choice("ELASTIC_DECODE_LOADS", {{"direct", DecodeLoads::Direct}, {"staged", DecodeLoads::Staged}},
