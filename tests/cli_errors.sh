@@ -62,6 +62,16 @@ $BIN bench -c 128,256 --modes full,ssa -r 1 --plot $TMP/bench >/dev/null 2>&1 &&
   [ "$(grep -c 'class="series"' $TMP/bench_attention.svg)" -eq 2 ] && [ ! -e $TMP/bench_decode.svg ] ||
   { echo "FAIL: bench --plot"; fails=$((fails+1)); }
 expect_fail "cannot write SVG" $BIN bench -c 128 --modes full -r 1 --plot $TMP/no/such/dir/bench
+printf 'T,ours,cudnn\n8192,630,590\n16384,640,\n' > $TMP/p.csv
+$BIN plot $TMP/p.csv -o $TMP/p.svg --y-label TFLOP/s --log2-x >/dev/null 2>&1 &&
+  [ "$(grep -c 'class="series"' $TMP/p.svg)" -eq 2 ] || { echo "FAIL: plot"; fails=$((fails+1)); }
+printf 'T,ours\n8192,fast\n' > $TMP/bad.csv
+expect_fail "bad.csv:2: column 'ours': 'fast' is not a number" $BIN plot $TMP/bad.csv -o $TMP/b.svg --y-label y
+expect_fail "absent.csv: cannot open" $BIN plot $TMP/absent.csv -o $TMP/b.svg --y-label y
+expect_fail "--y-label" $BIN plot $TMP/p.csv -o $TMP/b.svg
+expect_fail "cannot write SVG" $BIN plot $TMP/p.csv -o $TMP/no/dir/p.svg --y-label y
+printf 'T,ours\n0,1\n' > $TMP/zero.csv
+expect_fail "--log2-x needs x > 0" $BIN plot $TMP/zero.csv -o $TMP/z.svg --y-label y --log2-x
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
 expect_fail "--attn-kernel" $BIN bench --device cuda --attn-kernel fastest
 expect_fail "--device" $BIN train-router -m $FX/qwen3_tiny --device tpu

@@ -323,6 +323,11 @@ TEST(EvalPlots, ParetoFrontAndShapes) {
   write_bar_chart_svg(path, "t <&>", "y", {"g1", "g2"}, {"s1", "s2"}, {{1.0, 2.0}, {3.0, std::nan("")}});
   const std::string svg = read_file(path);
   EXPECT_EQ(count(svg, "class=\"bar\""), 3u);  // the NaN bar is skipped
+  // Axis ticks: context lengths as 8K / 16K on a log2 axis, large values with separators.
+  write_line_chart_svg(path, "t", "x", "y", {{"s", {8192, 16384}, {1000, 60000}}}, true);
+  const std::string line = read_file(path);
+  EXPECT_NE(line.find(">16K</text>"), std::string::npos);
+  EXPECT_NE(line.find(">60,000</text>"), std::string::npos);
   EXPECT_NE(svg.find("t &lt;&amp;&gt;"), std::string::npos);
   EXPECT_THROW(write_scatter_svg("/nonexistent/dir/x.svg", "t", "x", "y", p), std::runtime_error);
   fs::remove(path);

@@ -27,6 +27,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds);
 void add_eval_command(CLI::App& app, Commands& cmds);
 void add_serve_command(CLI::App& app, Commands& cmds);
 void add_bench_command(CLI::App& app, Commands& cmds);
+void add_plot_command(CLI::App& app, Commands& cmds);
 
 std::string ids_json(const std::vector<int32_t>& ids);
 std::string read_text_file(const std::string& path);

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   add_eval_command(app, cmds);
   add_serve_command(app, cmds);
   add_bench_command(app, cmds);
+  add_plot_command(app, cmds);
   CLI11_PARSE(app, argc, argv);
   try {
     for (const Command& c : cmds)

@@ -12,9 +12,11 @@ struct PlotSeries {
   std::string name;
   std::vector<double> x, y;  // same size
 };
-// log2_x: x axis in log2 scale (lengths 4k, 8k, 16k ... evenly spaced).
+// log2_x: x axis in log2 scale (lengths 4k, 8k, 16k ... evenly spaced). y_from_zero: the y axis starts at 0 (else
+// it spans the data, for ratios near 1).
 void write_line_chart_svg(const std::string& path, const std::string& title, const std::string& x_label,
-                          const std::string& y_label, const std::vector<PlotSeries>& series, bool log2_x = false);
+                          const std::string& y_label, const std::vector<PlotSeries>& series, bool log2_x = false,
+                          bool y_from_zero = true);
 
 // values[s][g]: series s (legend) in group g (x axis).
 void write_bar_chart_svg(const std::string& path, const std::string& title, const std::string& y_label,

@@ -29,6 +29,25 @@ std::string num(double v) {
   return b;
 }
 
+// An axis tick: whole numbers from 1000 up in a readable form, 16K / 1M for multiples of 1024 (context lengths),
+// 60,000 with separators otherwise (token rates); anything else as num() does.
+std::string tick_label(double v) {
+  if (std::abs(v) < 1000 || std::abs(v) >= 1e15 || v != std::floor(v)) return num(v);
+  const long long n = static_cast<long long>(v);
+  std::string out = n < 0 ? "-" : "";
+  if (n % 1048576 == 0 || n % 1024 == 0) {
+    out += std::to_string(std::llabs(n) / (n % 1048576 == 0 ? 1048576 : 1024));
+    out += n % 1048576 == 0 ? 'M' : 'K';
+    return out;
+  }
+  const std::string digits = std::to_string(std::llabs(n));
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
 // ~5 round tick values covering [lo, hi].
 std::vector<double> ticks(double lo, double hi) {
   if (!(hi > lo)) hi = lo + 1;
@@ -79,7 +98,7 @@ struct Canvas {
     for (double t : ticks(yr.lo, yr.hi)) {
       if (t < yr.lo - 1e-12 || t > yr.hi + 1e-12) continue;
       o << "<line x1=\"" << kL << "\" x2=\"" << kW - kR << "\" y1=\"" << py(t) << "\" y2=\"" << py(t)
-        << "\" stroke=\"#ddd\"/><text x=\"" << kL - 6 << "\" y=\"" << py(t) + 4 << "\" text-anchor=\"end\">" << num(t)
+        << "\" stroke=\"#ddd\"/><text x=\"" << kL - 6 << "\" y=\"" << py(t) + 4 << "\" text-anchor=\"end\">" << tick_label(t)
         << "</text>\n";
     }
     for (const auto& [x, label] : xt)
@@ -107,7 +126,8 @@ struct Canvas {
 }  // namespace
 
 void write_line_chart_svg(const std::string& path, const std::string& title, const std::string& x_label,
-                          const std::string& y_label, const std::vector<PlotSeries>& series, bool log2_x) {
+                          const std::string& y_label, const std::vector<PlotSeries>& series, bool log2_x,
+                          bool y_from_zero) {
   Canvas c;
   c.log2_x = log2_x;
   std::vector<double> xs;
@@ -122,12 +142,12 @@ void write_line_chart_svg(const std::string& path, const std::string& title, con
   }
   if (!std::isfinite(c.xr.lo)) { c.xr.lo = 1; c.xr.hi = 2; }
   if (c.xr.hi - c.xr.lo < 1e-12) { c.xr.lo *= 0.5; c.xr.hi *= 2; if (!log2_x && c.xr.hi == 0) c.xr.hi = 1; }
-  c.yr.add(0);
-  c.yr.fix(0.05);
+  if (y_from_zero) c.yr.add(0);
+  c.yr.fix(y_from_zero ? 0.05 : 0.1);
   std::sort(xs.begin(), xs.end());
   xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
   std::vector<std::pair<double, std::string>> xt;
-  for (double x : xs) xt.push_back({c.px(x), num(x)});
+  for (double x : xs) xt.push_back({c.px(x), tick_label(x)});
   c.begin(title);
   c.axes(x_label, y_label, xt);
   std::vector<std::string> names;
@@ -214,7 +234,7 @@ void write_scatter_svg(const std::string& path, const std::string& title, const 
   c.yr.fix(0.05);
   std::vector<std::pair<double, std::string>> xt;
   for (double t : ticks(c.xr.lo, c.xr.hi))
-    if (t >= c.xr.lo && t <= c.xr.hi) xt.push_back({c.px(t), num(t)});
+    if (t >= c.xr.lo && t <= c.xr.hi) xt.push_back({c.px(t), tick_label(t)});
   c.begin(title);
   c.axes(x_label, y_label, xt);
   const std::vector<size_t> front = pareto_front(points);
