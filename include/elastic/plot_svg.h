@@ -1,5 +1,6 @@
 #pragma once
-// Small self-contained SVG charts for the eval report: line chart, grouped bar chart, scatter with Pareto front.
+// Small self-contained SVG charts (eval reports, `elastic bench --plot`, `elastic plot`): line chart, grouped bar chart,
+// scatter with Pareto front.
 // Every chart has a title, labelled axes with ticks and a legend; each data element carries a class
 // ("series", "point", "bar", "pareto") so tests and scripts can find them. Non-finite values are skipped.
 // Throws std::runtime_error on inconsistent shapes or when the file cannot be written.
