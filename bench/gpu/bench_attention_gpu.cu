@@ -130,18 +130,28 @@ void decode_table(const std::vector<int>& lengths, Timer& timer) {
       DecodeParams p;
       p.q = q, p.out = out, p.heads = dh, p.n_pos = T, p.n_heads = Hq, p.n_kv_heads = Hkv, p.head_dim = hd;
       p.block = B, p.workspace = ws;
-      for (const DecodeLoads loads : {DecodeLoads::Direct, DecodeLoads::Staged})
-        for (const DecodeCombine combine : {DecodeCombine::Serial, DecodeCombine::Parallel}) {
-          p.combine = combine;
-          p.loads = loads;
-          const double ms = timer.median_ms([&] { decode_attention(p, nullptr); }, 50);
-          const double bytes = 2.0 * kept * hd * 2 * Hkv;
-          std::printf("| %d | %s, %s loads, %s merge | %d | %.1f | %.0f |\n", T, mode ? "all streaming" : "all full",
-                      loads == DecodeLoads::Direct ? "direct" : "staged",
-                      combine == DecodeCombine::Serial ? "serial" : "parallel", kept, ms * 1e3,
-                      bytes / (ms * 1e-3) * 1e-9);
-          std::fflush(stdout);
-        }
+      struct Form {
+        DecodeLoads loads;
+        DecodeCombine combine;
+        int split;
+      };
+      // The default first, then the other merge, the staged loads and the smaller splits (docs/CUDA_ATTENTION.md).
+      for (const Form f : {Form{DecodeLoads::Direct, DecodeCombine::Parallel, 256},
+                           Form{DecodeLoads::Direct, DecodeCombine::Serial, 256},
+                           Form{DecodeLoads::Staged, DecodeCombine::Parallel, 256},
+                           Form{DecodeLoads::Direct, DecodeCombine::Parallel, 128},
+                           Form{DecodeLoads::Direct, DecodeCombine::Parallel, 64}}) {
+        p.combine = f.combine;
+        p.loads = f.loads;
+        p.split = f.split;
+        const double ms = timer.median_ms([&] { decode_attention(p, nullptr); }, 50);
+        const double bytes = 2.0 * kept * hd * 2 * Hkv;
+        std::printf("| %d | %s, %s loads, %s merge, split %d | %d | %.1f | %.0f |\n", T,
+                    mode ? "all streaming" : "all full", f.loads == DecodeLoads::Direct ? "direct" : "staged",
+                    f.combine == DecodeCombine::Serial ? "serial" : "parallel", f.split, kept, ms * 1e3,
+                    bytes / (ms * 1e-3) * 1e-9);
+        std::fflush(stdout);
+      }
       ELASTIC_CUDA_CHECK(cudaFree(dh));
     }
     ELASTIC_CUDA_CHECK(cudaFree(kc));

@@ -142,14 +142,18 @@ struct DecodeParams {
   int max_pos = 0;
   DecodeCombine combine = DecodeCombine::Auto;
   DecodeLoads loads = DecodeLoads::Auto;
+  // Positions per split (one CTA each): 64, 128 or 256; 0 (Auto) = ELASTIC_DECODE_SPLIT when set, else 256. Smaller
+  // splits mean more CTAs with fewer dependent loads each, for layers with few kept positions (all-streaming heads,
+  // short contexts), at the price of a longer merge; not yet timed on a GPU (docs/CUDA_ATTENTION.md, next steps).
+  int split = 0;
 };
 // Host check of a head table before it goes to the device: throws naming the head when a streaming head's cache
 // cannot hold its sink blocks or its window (or the mode is unknown).
 void validate_decode_heads(const DecodeKVHead* host_heads, int n_kv_heads, int block);
 int64_t decode_workspace_floats(int n_heads, int head_dim, int n_pos);
 void decode_attention(const DecodeParams& p, cudaStream_t stream);
-// What DecodeLoads::Auto / DecodeCombine::Auto resolve to under the current environment: "loads direct, merge
-// parallel". Throws std::invalid_argument on a bad variable.
+// What DecodeLoads::Auto / DecodeCombine::Auto / split 0 resolve to under the current environment: "loads direct,
+// merge parallel, split 256". Throws std::invalid_argument on a bad variable.
 std::string describe_decode_auto();
 
 }  // namespace elastic::cuda

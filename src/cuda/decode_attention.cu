@@ -1,6 +1,7 @@
 // Decode attention: one new query token against each KV head's own cache (split-K, "flash decoding").
 //
-// Grid (Hkv, splits): a CTA takes up to kChunk of the positions its KV head attends to and does all `group` query
+// Grid (Hkv, splits): a CTA takes up to `chunk` (64, 128 or 256; DecodeParams::split) of the positions its KV head
+// attends to and does all `group` query
 // heads of that KV head at once, so each cached key/value row is read once per split. Full and XAttn heads attend
 // to [0, n_pos); streaming heads to the sink blocks and the local window (streaming_keeps at block granularity),
 // read through the head's slot mapping (sink slots, then a ring). Partials (max, sum, unnormalized output) go to a
@@ -26,7 +27,8 @@
 namespace elastic::cuda {
 namespace {
 
-constexpr int kChunk = 256;
+constexpr int kMaxChunk = 256;  // positions per split at most (shared arrays); DecodeParams::split picks 64..256
+constexpr int kMinChunk = 64;   // the workspace is sized for this, so every split choice fits
 constexpr int kThreads = 128;
 constexpr int kMaxGroup = 16;
 
@@ -56,7 +58,7 @@ template <int HD, int GM, bool kStaged>
 __global__ void __launch_bounds__(kThreads)
     decode_partial(const __nv_bfloat16* __restrict__ q, const DecodeKVHead* __restrict__ heads, int n_pos_arg,
                    const int32_t* __restrict__ n_pos_dev, int max_pos, int Hq, int Hkv, int B, float scale,
-                   float* __restrict__ ws) {
+                   int chunk, float* __restrict__ ws) {
   const int kvh = blockIdx.x, split = blockIdx.y, G = Hq / Hkv;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Host path: n_pos_dev null, max_pos == n_pos_arg. A device n_pos outside [1, max_pos] (a caller bug) leaves
@@ -65,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   const bool valid = n_pos >= 1 && n_pos <= max_pos;
   const DecodeKVHead hk = heads[kvh];
   const Kept kp = kept_positions(hk, valid ? n_pos : 1, B);
-  const int i0 = split * kChunk, n = valid ? max(0, min(kChunk, kp.n - i0)) : 0;
+  const int i0 = split * chunk, n = valid ? max(0, min(chunk, kp.n - i0)) : 0;
   if (n == 0) {  // nothing to attend in this split (uniform per CTA): only the empty-partial marker is read
     if (tid < G) {
       float* w = ws + (static_cast<size_t>(split) * Hq + kvh * G + tid) * (HD + 2);
@@ -76,18 +78,18 @@ __global__ void __launch_bounds__(kThreads)
   }
   constexpr int kPer = HD / 32, kWarps = kThreads / 32;
   __shared__ float sq[GM][HD];      // the group's queries; later the cross-warp sums of the output
-  __shared__ float sp[GM][kChunk];  // scores, then unnormalized probabilities
+  __shared__ float sp[GM][kMaxChunk];  // scores, then unnormalized probabilities
   __shared__ float sm[GM], sl[GM];
   // Cache slot of each kept position, once per CTA: a streaming head's ring mapping costs an integer modulo, and
   // inside the loops it kept the loads from being issued ahead (a routed sequence decoded slower than a full one).
-  __shared__ int sslot[kChunk];
+  __shared__ int sslot[kMaxChunk];
   for (int idx = tid; idx < G * HD; idx += kThreads)
     sq[idx / HD][idx % HD] = __bfloat162float(q[static_cast<size_t>(kvh * G + idx / HD) * HD + idx % HD]);
   for (int i = tid; i < n; i += kThreads) sslot[i] = cache_slot(hk, kp.at(i0 + i));
   __syncthreads();
-  extern __shared__ __align__(16) unsigned char staged[];  // kStaged: K rows [kChunk][HD], then V rows, bf16
+  extern __shared__ __align__(16) unsigned char staged[];  // kStaged: K rows [chunk][HD], then V rows, bf16
   const __nv_bfloat16* sk = reinterpret_cast<const __nv_bfloat16*>(staged);
-  const __nv_bfloat16* sv = sk + kChunk * HD;
+  const __nv_bfloat16* sv = sk + chunk * HD;
   if constexpr (kStaged) {
     constexpr int kRowChunks = HD / 8;  // 16-byte pieces per row
     const uint32_t sbase = smem_addr(staged);
@@ -95,7 +97,7 @@ __global__ void __launch_bounds__(kThreads)
       const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(part == 0 ? hk.k : hk.v);
       for (int idx = tid; idx < n * kRowChunks; idx += kThreads) {
         const int r = idx / kRowChunks, c = idx % kRowChunks;
-        cp_async16(sbase + (part * kChunk * HD + r * HD + c * 8) * 2, src + static_cast<size_t>(sslot[r]) * HD + c * 8,
+        cp_async16(sbase + (part * chunk * HD + r * HD + c * 8) * 2, src + static_cast<size_t>(sslot[r]) * HD + c * 8,
                    16);
       }
       cp_async_commit();
@@ -209,8 +211,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // Live splits for a device n_pos: merge only those (the rest are empty anyway); this keeps the merge as cheap as on
 // the host path when max_pos is far above n_pos. n_pos <= 0 merges nothing (NaN output, as documented).
-__device__ __forceinline__ int live_splits(int n_splits, const int32_t* n_pos_dev) {
-  return n_pos_dev ? min(n_splits, max(0, (*n_pos_dev + kChunk - 1) / kChunk)) : n_splits;
+__device__ __forceinline__ int live_splits(int n_splits, const int32_t* n_pos_dev, int chunk) {
+  return n_pos_dev ? min(n_splits, max(0, (*n_pos_dev + chunk - 1) / chunk)) : n_splits;
 }
 
 // Parallel merge, one CTA of kCombineThreads per query head. The split maxima: strided over all threads, then a
@@ -220,10 +222,10 @@ constexpr int kCombineThreads = 256;
 template <int HD>
 __global__ void __launch_bounds__(kCombineThreads)
     decode_combine_parallel(const float* __restrict__ ws, int n_splits, int Hq, __nv_bfloat16* __restrict__ out,
-                            const int32_t* __restrict__ n_pos_dev) {
+                            const int32_t* __restrict__ n_pos_dev, int chunk) {
   constexpr int kParts = kCombineThreads / HD;
   const int h = blockIdx.x, tid = threadIdx.x, d = tid % HD, part = tid / HD, lane = tid % 32, warp = tid / 32;
-  n_splits = live_splits(n_splits, n_pos_dev);
+  n_splits = live_splits(n_splits, n_pos_dev, chunk);
   __shared__ float red[kCombineThreads / 32], so[kParts][HD], sls[kParts];
   __shared__ float smax;
   float M = -INFINITY;
@@ -263,9 +265,9 @@ __global__ void __launch_bounds__(kCombineThreads)
 
 template <int HD>
 __global__ void decode_combine(const float* __restrict__ ws, int n_splits, int Hq, __nv_bfloat16* __restrict__ out,
-                               const int32_t* __restrict__ n_pos_dev) {
+                               const int32_t* __restrict__ n_pos_dev, int chunk) {
   const int h = blockIdx.x;
-  n_splits = live_splits(n_splits, n_pos_dev);
+  n_splits = live_splits(n_splits, n_pos_dev, chunk);
   float M = -INFINITY;
   for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ws[(static_cast<size_t>(s) * Hq + h) * (HD + 2) + HD]);
   for (int d = threadIdx.x; d < HD; d += blockDim.x) {
@@ -299,15 +301,22 @@ DecodeCombine combine_for(DecodeCombine c) {
                     DecodeCombine::Parallel);
 }
 
-int n_splits_for(int n_pos) { return (n_pos + kChunk - 1) / kChunk; }
+// Auto: ELASTIC_DECODE_SPLIT (64, 128 or 256) when set, else 256 until the smaller splits have been timed on a GPU.
+int split_for(int split) {
+  if (split != 0) return split;
+  return env_choice("ELASTIC_DECODE_SPLIT", {{"64", 64}, {"128", 128}, {"256", 256}}, 256);
+}
+
+int n_splits_for(int n_pos, int chunk) { return (n_pos + chunk - 1) / chunk; }
 
 template <int HD>
 void launch(const DecodeParams& p, cudaStream_t stream) {
   // With a device n_pos the grid (and the workspace) covers max_pos; the kernels find the live splits themselves.
   const bool parallel_merge = combine_for(p.combine) == DecodeCombine::Parallel;  // may throw: before any launch
   const bool staged = loads_for(p.loads) == DecodeLoads::Staged;
+  const int chunk = split_for(p.split);
   const int grid_pos = p.n_pos_dev ? p.max_pos : p.n_pos;
-  const int splits = n_splits_for(grid_pos);
+  const int splits = n_splits_for(grid_pos, chunk);
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
   const int G = p.n_heads / p.n_kv_heads;
   auto kernel = staged ? (G <= 4   ? decode_partial<HD, 4, true>
@@ -316,21 +325,21 @@ void launch(const DecodeParams& p, cudaStream_t stream) {
                        : (G <= 4   ? decode_partial<HD, 4, false>
                           : G <= 8 ? decode_partial<HD, 8, false>
                                    : decode_partial<HD, 16, false>);
-  const int staged_bytes = staged ? 2 * kChunk * HD * 2 : 0;  // K and V rows of one split
+  const int staged_bytes = staged ? 2 * chunk * HD * 2 : 0;  // K and V rows of one split
   // Per launch: the limit is a per-device setting (a second GPU in the process needs it too); not a stream operation,
   // so also fine inside a graph capture.
   if (staged)
     ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, staged_bytes));
   kernel<<<dim3(p.n_kv_heads, splits), kThreads, staged_bytes, stream>>>(
       reinterpret_cast<const __nv_bfloat16*>(p.q), p.heads, p.n_pos, p.n_pos_dev, grid_pos, p.n_heads, p.n_kv_heads,
-      p.block, scale, p.workspace);
+      p.block, scale, chunk, p.workspace);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
   if (parallel_merge)
     decode_combine_parallel<HD><<<p.n_heads, kCombineThreads, 0, stream>>>(
-        p.workspace, splits, p.n_heads, reinterpret_cast<__nv_bfloat16*>(p.out), p.n_pos_dev);
+        p.workspace, splits, p.n_heads, reinterpret_cast<__nv_bfloat16*>(p.out), p.n_pos_dev, chunk);
   else
     decode_combine<HD><<<p.n_heads, HD, 0, stream>>>(p.workspace, splits, p.n_heads,
-                                                     reinterpret_cast<__nv_bfloat16*>(p.out), p.n_pos_dev);
+                                                     reinterpret_cast<__nv_bfloat16*>(p.out), p.n_pos_dev, chunk);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -352,12 +361,13 @@ void validate_decode_heads(const DecodeKVHead* hh, int n_kv_heads, int block) {
 }
 
 int64_t decode_workspace_floats(int n_heads, int head_dim, int n_pos) {
-  return int64_t(n_splits_for(n_pos)) * n_heads * (head_dim + 2);
+  return int64_t(n_splits_for(n_pos, kMinChunk)) * n_heads * (head_dim + 2);
 }
 
 std::string describe_decode_auto() {
   return std::string("loads ") + (loads_for(DecodeLoads::Auto) == DecodeLoads::Staged ? "staged" : "direct") +
-         ", merge " + (combine_for(DecodeCombine::Auto) == DecodeCombine::Parallel ? "parallel" : "serial");
+         ", merge " + (combine_for(DecodeCombine::Auto) == DecodeCombine::Parallel ? "parallel" : "serial") +
+         ", split " + std::to_string(split_for(0));
 }
 
 void decode_attention(const DecodeParams& p, cudaStream_t stream) {
@@ -375,6 +385,8 @@ void decode_attention(const DecodeParams& p, cudaStream_t stream) {
     bad("unknown combine value " + std::to_string(static_cast<int>(p.combine)));
   if (p.loads != DecodeLoads::Auto && p.loads != DecodeLoads::Direct && p.loads != DecodeLoads::Staged)
     bad("unknown loads value " + std::to_string(static_cast<int>(p.loads)));
+  if (p.split != 0 && p.split != 64 && p.split != 128 && p.split != 256)
+    bad("split must be 0 (auto), 64, 128 or 256 (got " + std::to_string(p.split) + ")");
   if (p.head_dim == 64)
     launch<64>(p, stream);
   else if (p.head_dim == 128)

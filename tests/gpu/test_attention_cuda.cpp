@@ -328,12 +328,14 @@ TEST(CudaHybridAttention, DescribesWhatAutoRuns) {
   }
   {
     EnvGuard l("ELASTIC_DECODE_LOADS", ""), c("ELASTIC_DECODE_COMBINE", "");
-    EXPECT_EQ(cuda::describe_decode_auto(), "loads direct, merge parallel");
+    EnvGuard sp("ELASTIC_DECODE_SPLIT", "");
+    EXPECT_EQ(cuda::describe_decode_auto(), "loads direct, merge parallel, split 256");
   }
   {
-    EnvGuard l("ELASTIC_DECODE_LOADS", "staged"), c("ELASTIC_DECODE_COMBINE", "serial");
-    EXPECT_EQ(cuda::describe_decode_auto(), "loads staged, merge serial");
+    EnvGuard l("ELASTIC_DECODE_LOADS", "staged"), c("ELASTIC_DECODE_COMBINE", "serial"), sp("ELASTIC_DECODE_SPLIT", "64");
+    EXPECT_EQ(cuda::describe_decode_auto(), "loads staged, merge serial, split 64");
   }
+  expect_env_error("ELASTIC_DECODE_SPLIT", "32", [] { cuda::describe_decode_auto(); });
   expect_env_error("ELASTIC_ATTN_KERNEL", "fastest", [] { cuda::describe_attention_auto(); });
   EnvGuard k("ELASTIC_ATTN_KERNEL", "overlap");
   expect_env_error("ELASTIC_ATTN_OPTS", "8", [] { cuda::describe_attention_auto(); });
@@ -526,12 +528,15 @@ TEST(CudaDecodeAttention, RingCacheMatchesCpu) {
     cuda::DecodeParams dp;
     dp.q = dq.p, dp.out = dout.p, dp.heads = dheads.p, dp.n_pos = c.n_pos, dp.n_heads = c.Hq;
     dp.n_kv_heads = c.Hkv, dp.head_dim = hd, dp.block = c.B, dp.workspace = ws.p;
+    for (const int split : {256, 128, 64})
     for (const auto loads : {cuda::DecodeLoads::Direct, cuda::DecodeLoads::Staged})
     for (const auto combine : {cuda::DecodeCombine::Serial, cuda::DecodeCombine::Parallel}) {
       const std::string cname = std::string(loads == cuda::DecodeLoads::Direct ? "direct loads, " : "staged loads, ") +
-                                (combine == cuda::DecodeCombine::Serial ? "serial merge" : "parallel merge");
+                                (combine == cuda::DecodeCombine::Serial ? "serial merge" : "parallel merge") +
+                                ", split " + std::to_string(split);
       dp.combine = combine;
       dp.loads = loads;
+      dp.split = split;
       dout.up(std::vector<uint16_t>(q.size(), kNaNBf16));
       cuda::decode_attention(dp, nullptr);
       ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());

@@ -159,7 +159,8 @@ std::vector<uint16_t> run_host_path(DecodeParams p, int n_pos, DevBuf<uint16_t>&
   return out.down();
 }
 
-void run_config_with(const Config& c, elastic::cuda::DecodeCombine combine, elastic::cuda::DecodeLoads loads) {
+void run_config_with(const Config& c, elastic::cuda::DecodeCombine combine, elastic::cuda::DecodeLoads loads,
+                     int split = 0) {
   if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(std::random_device{}());
   const Caches cs = make_caches(c, rng);
@@ -177,7 +178,7 @@ void run_config_with(const Config& c, elastic::cuda::DecodeCombine combine, elas
 
   DecodeParams base;
   base.q = dq.p, base.heads = dheads.p, base.n_heads = c.Hq, base.n_kv_heads = c.Hkv, base.head_dim = c.hd;
-  base.block = c.B, base.workspace = ws.p, base.combine = combine, base.loads = loads;
+  base.block = c.B, base.workspace = ws.p, base.combine = combine, base.loads = loads, base.split = split;
   DecodeParams pd = base;  // device-n_pos path
   pd.out = out_dev.p, pd.n_pos_dev = dpos.p, pd.max_pos = c.max_pos;
   pd.n_pos = -7;  // ignored when n_pos_dev is set
@@ -240,8 +241,8 @@ void run_config_with(const Config& c, elastic::cuda::DecodeCombine combine, elas
   ELASTIC_CUDA_CHECK(cudaFreeHost(hpos));
 }
 
-// The default (direct loads, serial merge) and the other two forms together (staged loads, parallel merge): each
-// must be bit-identical between its host path, device path and replays.
+// Direct loads with the serial merge, staged loads with the parallel merge, and direct / parallel with 64-position
+// splits: each must be bit-identical between its host path, device path and replays.
 void run_config(const Config& c) {
   using elastic::cuda::DecodeCombine, elastic::cuda::DecodeLoads;
   {
@@ -251,6 +252,10 @@ void run_config(const Config& c) {
   {
     SCOPED_TRACE("staged loads, parallel merge");
     run_config_with(c, DecodeCombine::Parallel, DecodeLoads::Staged);
+  }
+  {
+    SCOPED_TRACE("direct loads, parallel merge, split 64");
+    run_config_with(c, DecodeCombine::Parallel, DecodeLoads::Direct, 64);
   }
 }
 
