@@ -7,7 +7,7 @@
 #      run: the all-full / all-streaming rows of every wgmma variant against the PyTorch baselines.
 # Results under $OUT: decode_kernel.md, attention.md, bench.md, sdpa.md, kernels.md. Env: DECODE_LENGTHS,
 # ATTN_LENGTHS, BENCH_LENGTHS, BENCH_MODES, REPS, SKIP_DECODE, SKIP_ATTN, SKIP_E2E, KERNEL_LENGTHS. ELASTIC_ATTN_KERNEL,
-# ELASTIC_ATTN_OPTS, ELASTIC_DECODE_LOADS and ELASTIC_DECODE_COMBINE pass through to every step (they change what the
+# ELASTIC_ATTN_OPTS, ELASTIC_DECODE_LOADS, ELASTIC_DECODE_COMBINE and ELASTIC_DECODE_SPLIT pass through to every step (they change what the
 # Auto rows and the whole-model bench run).
 set -uo pipefail
 cd "$(dirname "$0")/.."

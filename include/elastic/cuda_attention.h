@@ -123,9 +123,9 @@ struct DecodeKVHead {
 enum class DecodeCombine : int { Auto = 0, Serial = 1, Parallel = 2 };
 // How a split's K and V rows reach the cores. Direct: each warp loads 8 rows at a time from the caches as it
 // computes. Staged: the CTA first copies all its rows into shared memory with cp.async (128 KB in flight per CTA at
-// hd 128), the scores starting once K has landed. Auto: ELASTIC_DECODE_LOADS (direct or staged) when set, else
+// split 256 and hd 128), the scores starting once K has landed. Auto: ELASTIC_DECODE_LOADS (direct or staged) when set, else
 // Direct: staged measured 3-3.6x slower on the H200 (1,204 against 330 us at 128K all-full with the parallel
-// merge, 446 against 1,628 GB/s; one CTA per SM
+// merge, 446 against 1,628 GB/s, split 256; one CTA per SM
 // with its 128 KB of shared memory leaves too few loads in flight), kept only as the measured alternative.
 enum class DecodeLoads : int { Auto = 0, Direct = 1, Staged = 2 };
 struct DecodeParams {
@@ -150,6 +150,8 @@ struct DecodeParams {
 // Host check of a head table before it goes to the device: throws naming the head when a streaming head's cache
 // cannot hold its sink blocks or its window (or the mode is unknown).
 void validate_decode_heads(const DecodeKVHead* host_heads, int n_kv_heads, int block);
+// Floats of decode workspace for up to n_pos positions: sized for the smallest split (64 positions), so every split
+// choice fits (about 34 MB at 32 query heads, hd 128 and 128K positions).
 int64_t decode_workspace_floats(int n_heads, int head_dim, int n_pos);
 void decode_attention(const DecodeParams& p, cudaStream_t stream);
 // What DecodeLoads::Auto / DecodeCombine::Auto / split 0 resolve to under the current environment: "loads direct,

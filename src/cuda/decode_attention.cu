@@ -1,8 +1,8 @@
 // Decode attention: one new query token against each KV head's own cache (split-K, "flash decoding").
 //
 // Grid (Hkv, splits): a CTA takes up to `chunk` (64, 128 or 256; DecodeParams::split) of the positions its KV head
-// attends to and does all `group` query
-// heads of that KV head at once, so each cached key/value row is read once per split. Full and XAttn heads attend
+// attends to and does all `group` query heads of that KV head at once, so each cached key/value row is read once per
+// split. Full and XAttn heads attend
 // to [0, n_pos); streaming heads to the sink blocks and the local window (streaming_keeps at block granularity),
 // read through the head's slot mapping (sink slots, then a ring). Partials (max, sum, unnormalized output) go to a
 // workspace and a second kernel merges them.
@@ -52,7 +52,8 @@ __device__ __forceinline__ int cache_slot(const DecodeKVHead& hk, int j) {
 // GM: the largest group this instance handles (4, 8 or 16), so accumulators and shared arrays are sized for the
 // model's group, not for 16. The caller must pick GM >= G (launch() does): the shared arrays have GM rows.
 // kStaged: the CTA first copies its kept K and V rows into shared memory with 16-byte cp.async (all of them in
-// flight at once: 64 KB each at hd 128, where the direct loads keep 8 rows per warp in flight), then computes from
+// flight at once: chunk x HD x 2 bytes each, 64 KB at split 256 and hd 128, where the direct loads keep 8 rows per warp
+// in flight), then computes from
 // shared memory; the scores start once K has landed, while V is still arriving.
 template <int HD, int GM, bool kStaged>
 __global__ void __launch_bounds__(kThreads)
@@ -327,9 +328,11 @@ void launch(const DecodeParams& p, cudaStream_t stream) {
                                    : decode_partial<HD, 16, false>);
   const int staged_bytes = staged ? 2 * chunk * HD * 2 : 0;  // K and V rows of one split
   // Per launch: the limit is a per-device setting (a second GPU in the process needs it too); not a stream operation,
-  // so also fine inside a graph capture.
+  // so also fine inside a graph capture. Always the largest split's size, so a smaller split's launch never lowers
+  // the limit under a graph or another thread that launches with a larger one.
   if (staged)
-    ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, staged_bytes));
+    ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            2 * kMaxChunk * HD * 2));
   kernel<<<dim3(p.n_kv_heads, splits), kThreads, staged_bytes, stream>>>(
       reinterpret_cast<const __nv_bfloat16*>(p.q), p.heads, p.n_pos, p.n_pos_dev, grid_pos, p.n_heads, p.n_kv_heads,
       p.block, scale, chunk, p.workspace);

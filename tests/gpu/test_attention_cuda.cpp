@@ -565,8 +565,8 @@ TEST(CudaDecodeAttention, RejectsTooSmallRing) {
   EXPECT_NO_THROW(cuda::validate_decode_heads(&h, 1, 64));
 }
 
-// An unknown ELASTIC_DECODE_COMBINE or ELASTIC_DECODE_LOADS is an error naming the variable, raised before any launch
-// (no GPU needed).
+// An unknown ELASTIC_DECODE_COMBINE, ELASTIC_DECODE_LOADS or ELASTIC_DECODE_SPLIT is an error naming the variable,
+// raised before any launch (no GPU needed); so are out-of-range combine, loads and split fields.
 TEST(CudaDecodeAttention, UnknownMergeOrLoadsInEnvironmentIsAnError) {
   uint16_t d = 0;
   float w = 0;
@@ -576,6 +576,10 @@ TEST(CudaDecodeAttention, UnknownMergeOrLoadsInEnvironmentIsAnError) {
   p.n_pos = 10, p.n_heads = 4, p.n_kv_heads = 2, p.head_dim = 128, p.block = 64;
   expect_env_error("ELASTIC_DECODE_COMBINE", "tree", [&] { cuda::decode_attention(p, nullptr); });
   expect_env_error("ELASTIC_DECODE_LOADS", "fast", [&] { cuda::decode_attention(p, nullptr); });
+  expect_env_error("ELASTIC_DECODE_SPLIT", "100", [&] { cuda::decode_attention(p, nullptr); });
+  p.split = 100;
+  EXPECT_THROW(cuda::decode_attention(p, nullptr), std::invalid_argument);
+  p.split = 0;
   p.combine = static_cast<cuda::DecodeCombine>(7);
   EXPECT_THROW(cuda::decode_attention(p, nullptr), std::invalid_argument);
   p.combine = cuda::DecodeCombine::Auto;
