@@ -261,6 +261,13 @@ std::string write_tiny_qwen3(const std::string& tag, bool with_chat_template) {
   return d;
 }
 
+// A client of a test server on this machine, with a read timeout patient enough for a slow CI machine.
+httplib::Client client_of(int port) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  return c;
+}
+
 json post_json(httplib::Client& c, const std::string& path, const json& body, int* status = nullptr) {
   auto r = c.Post(path.c_str(), body.dump(), "application/json");
   if (!r) {
@@ -361,8 +368,7 @@ class ServerHttp : public ::testing::Test {
     dir_ = nullptr;
   }
   httplib::Client client() const {
-    httplib::Client c("127.0.0.1", srv_->port());
-    c.set_read_timeout(60, 0);
+    httplib::Client c = client_of(srv_->port());
     return c;
   }
   // What the engine alone produces for this prompt with greedy sampling (EOS text not included).
@@ -518,8 +524,7 @@ TEST_F(ServerHttp, SixteenConcurrentClientsMatchSequential) {
   std::atomic<int> ok{0};
   for (int i = 0; i < N; ++i)
     th.emplace_back([&, i] {
-      httplib::Client ci("127.0.0.1", srv_->port());
-      ci.set_read_timeout(60, 0);
+      httplib::Client ci = client_of(srv_->port());
       auto r = ci.Post("/v1/completions", bodies[i].dump(), "application/json");
       if (r && r->status == 200) {
         par[i] = json::parse(r->body)["choices"][0]["text"];
@@ -651,8 +656,7 @@ TEST(ServerLimits, RouterBudgetAndNoChatTemplate) {
   o.kv_budget_bytes = kv_cache_bytes_for(cfg, 300, full);  // one 300-position full request
   Server srv(std::move(probe_model), dir, o);
   srv.start();
-  httplib::Client c("127.0.0.1", srv.port());
-  c.set_read_timeout(60, 0);
+  httplib::Client c = client_of(srv.port());
   int st = 0;
   json chat = post_json(c, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}}, &st);
   EXPECT_EQ(st, 400);
@@ -681,8 +685,7 @@ TEST(ServerLimits, RouterBudgetAndNoChatTemplate) {
   std::atomic<int> ok{0};
   for (int i = 0; i < 3; ++i)
     th.emplace_back([&, i] {
-      httplib::Client ci("127.0.0.1", srv.port());
-      ci.set_read_timeout(60, 0);
+      httplib::Client ci = client_of(srv.port());
       json b = {{"prompt", "queue " + std::to_string(i)}, {"max_tokens", 290}, {"ignore_eos", true}, {"temperature", 0}};
       auto r = ci.Post("/v1/completions", b.dump(), "application/json");
       if (r && r->status == 200) ++ok;
@@ -707,6 +710,12 @@ struct AllStreamingRouter : PromptRouter {
   int pool_last() const override { return 4; }
   const SparseSettings& sparse() const override { return s; }
   void decide(int, const float*, HeadMode* modes) const override { modes[0] = HeadMode::Streaming; }
+  // What it decides for the tiny model (2 layers, 1 KV head): every head streaming, with its sparse settings.
+  static RoutingTable table() {
+    RoutingTable r = RoutingTable::uniform(2, 1, HeadMode::Streaming);
+    r.sparse = AllStreamingRouter().s;
+    return r;
+  }
 };
 }  // namespace
 
@@ -721,15 +730,13 @@ TEST(ServerLimits, ModelRouterDecidesAtPrefill) {
   o.threads = 1;
   Server srv(std::move(m), dir, o);
   srv.start();
-  httplib::Client c("127.0.0.1", srv.port());
-  c.set_read_timeout(60, 0);
+  httplib::Client c = client_of(srv.port());
   int st = 0;
   std::vector<int32_t> prompt(150, 42);
   json r = post_json(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 100}, {"temperature", 0}}, &st);
   ASSERT_EQ(st, 200) << r.dump();
   EXPECT_EQ(r["elastic"]["omega_msr"], 1.0);
-  RoutingTable ssa = RoutingTable::uniform(2, 1, HeadMode::Streaming);
-  ssa.sparse = AllStreamingRouter().s;
+  const RoutingTable ssa = AllStreamingRouter::table();
   EXPECT_EQ(r["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(cfg, 250, ssa));
   EXPECT_EQ(metric(c, "elastic_kv_cache_bytes"), 0);
   srv.stop();
@@ -752,8 +759,7 @@ TEST(ServerBackend, CpuBackendAnswersLikeTheBatchedPath) {
   o.backend = cpu_sequence_backend(shared, 256, 64);
   Server srv(std::move(m), dir, o);
   srv.start();
-  httplib::Client c("127.0.0.1", srv.port());
-  c.set_read_timeout(60, 0);
+  httplib::Client c = client_of(srv.port());
   const std::vector<int32_t> ids = tok.encode("Once upon a time");
   std::vector<int32_t> want = generate(*shared, ids, 12, 0, SamplerParams{}, true, nullptr);
   int st = 0;
@@ -773,8 +779,7 @@ TEST(ServerBackend, CpuBackendAnswersLikeTheBatchedPath) {
   EXPECT_EQ(sse.text, r["choices"][0]["text"].get<std::string>());
   // Two requests at once: the second waits for the one slot, both answer.
   std::thread t([&] {
-    httplib::Client c2("127.0.0.1", srv.port());
-    c2.set_read_timeout(60, 0);
+    httplib::Client c2 = client_of(srv.port());
     int st2 = 0;
     json r2 = post_json(c2, "/v1/completions", {{"prompt", ids}, {"max_tokens", 12}, {"temperature", 0}}, &st2);
     EXPECT_EQ(st2, 200);
@@ -819,15 +824,13 @@ TEST(ServerBackend, RouterDecidesOnTheBackendAndLimitsAreChecked) {
   }
   Server srv(std::move(m), dir, o);
   srv.start();
-  httplib::Client c("127.0.0.1", srv.port());
-  c.set_read_timeout(60, 0);
+  httplib::Client c = client_of(srv.port());
   int st = 0;
   std::vector<int32_t> prompt(150, 42);
   json r = post_json(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 20}, {"temperature", 0}}, &st);
   ASSERT_EQ(st, 200) << r.dump();
   EXPECT_EQ(r["elastic"]["omega_msr"], 1.0);  // the router's decision, made inside the backend's prefill
-  RoutingTable ssa = RoutingTable::uniform(2, 1, HeadMode::Streaming);
-  ssa.sparse = AllStreamingRouter().s;
+  const RoutingTable ssa = AllStreamingRouter::table();
   EXPECT_EQ(r["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(shared->config, 512, ssa));
   // A request longer than the context is refused by the HTTP side, as without a backend.
   json big = post_json(c, "/v1/completions", {{"prompt", std::vector<int32_t>(500, 42)}, {"max_tokens", 20}}, &st);
