@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "elastic/json_file.h"
+#include "io/trim.h"
 
 namespace elastic {
 
@@ -28,12 +29,6 @@ namespace {
 
 bool has(const std::string& s, const char* marker) { return s.find(marker) != std::string::npos; }
 
-// Jinja's |trim and Python's str.strip(): whitespace at both ends.
-std::string trim(const std::string& s, const char* ws = " \t\n\r\f\v") {
-  const size_t a = s.find_first_not_of(ws);
-  if (a == std::string::npos) return "";
-  return s.substr(a, s.find_last_not_of(ws) - a + 1);
-}
 std::string lstrip(const std::string& s, const char* chars) {
   const size_t a = s.find_first_not_of(chars);
   return a == std::string::npos ? "" : s.substr(a);

@@ -1,5 +1,7 @@
 #include "elastic/csv_table.h"
 
+#include "io/trim.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -9,17 +11,13 @@
 namespace elastic {
 namespace {
 
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t\r");
-  if (a == std::string::npos) return "";
-  return s.substr(a, s.find_last_not_of(" \t\r") - a + 1);
-}
+constexpr const char* kBlank = " \t\r";  // around cells; \r of CRLF files
 
 std::vector<std::string> cells(const std::string& line) {
   std::vector<std::string> out;
   std::string cell;
   std::stringstream ss(line);
-  while (std::getline(ss, cell, ',')) out.push_back(trim(cell));
+  while (std::getline(ss, cell, ',')) out.push_back(trim(cell, kBlank));
   if (!line.empty() && line.back() == ',') out.push_back("");  // getline drops a trailing empty cell
   return out;
 }
@@ -36,7 +34,8 @@ CsvTable parse_numeric_csv(const std::string& text, const std::string& what) {
   };
   while (std::getline(in, line)) {
     ++line_no;
-    if (trim(line).empty() || trim(line)[0] == '#') continue;  // blank lines and comments
+    const std::string bare = trim(line, kBlank);
+    if (bare.empty() || bare[0] == '#') continue;  // blank lines and comments
     std::vector<std::string> c = cells(line);
     if (t.columns.empty()) {
       if (c.size() < 2) fail("the header needs an x column and at least one series column");
