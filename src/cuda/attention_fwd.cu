@@ -842,29 +842,25 @@ KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block) {
   return m;
 }
 
+// ELASTIC_ATTN_KERNEL's names, also the names describe_attention_auto logs.
+constexpr Choice<AttnKernel> kKernelNames[] = {{"auto", AttnKernel::Auto},
+                                               {"simple", AttnKernel::Simple},
+                                               {"wgmma", AttnKernel::Wgmma},
+                                               {"overlap", AttnKernel::WgmmaOverlap},
+                                               {"overlap-nopingpong", AttnKernel::WgmmaOverlapNoPingpong},
+                                               {"persistent", AttnKernel::WgmmaPersistent},
+                                               {"nopingpong", AttnKernel::WgmmaNoPingpong}};
+// What Auto runs where the group is even (an odd group always runs Simple).
+constexpr AttnKernel kAutoEvenGroup = AttnKernel::WgmmaOverlap;
+
 // ELASTIC_ATTN_KERNEL (auto, simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong) replaces what Auto
 // picks, to compare or rule out a kernel inside a whole model without rebuilding; an unknown value is an error.
-AttnKernel auto_override() {
-  return env_choice("ELASTIC_ATTN_KERNEL",
-                    {{"auto", AttnKernel::Auto},
-                     {"simple", AttnKernel::Simple},
-                     {"wgmma", AttnKernel::Wgmma},
-                     {"overlap", AttnKernel::WgmmaOverlap},
-                     {"overlap-nopingpong", AttnKernel::WgmmaOverlapNoPingpong},
-                     {"persistent", AttnKernel::WgmmaPersistent},
-                     {"nopingpong", AttnKernel::WgmmaNoPingpong}},
-                    AttnKernel::Auto);
-}
+AttnKernel auto_override() { return env_choice("ELASTIC_ATTN_KERNEL", kKernelNames, AttnKernel::Auto); }
 
 std::string describe_attention_auto() {
   AttnKernel k = auto_override();
-  if (k == AttnKernel::Auto) k = AttnKernel::WgmmaOverlap;  // what hybrid_attention_fwd resolves for even groups
-  const char* name = k == AttnKernel::Simple                   ? "simple"
-                     : k == AttnKernel::Wgmma                  ? "wgmma"
-                     : k == AttnKernel::WgmmaNoPingpong        ? "nopingpong"
-                     : k == AttnKernel::WgmmaOverlap           ? "overlap"
-                     : k == AttnKernel::WgmmaOverlapNoPingpong ? "overlap-nopingpong"
-                                                               : "persistent";
+  if (k == AttnKernel::Auto) k = kAutoEvenGroup;
+  const char* name = choice_name(kKernelNames, k);
   if (k == AttnKernel::Simple) return name;
   const bool persistent = k == AttnKernel::WgmmaPersistent;
   const int opts = wgmma_opts(persistent || k == AttnKernel::WgmmaOverlap || k == AttnKernel::WgmmaOverlapNoPingpong);
@@ -891,7 +887,7 @@ void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
   const bool even_group = (p.n_heads / p.n_kv_heads) % 2 == 0;
   if (p.kernel != AttnKernel::Auto && p.kernel != AttnKernel::Simple && !even_group)
     bad("the wgmma kernels need an even number of query heads per KV head");
-  if (p.kernel == AttnKernel::Auto && even_group) p.kernel = AttnKernel::WgmmaOverlap;
+  if (p.kernel == AttnKernel::Auto && even_group) p.kernel = kAutoEvenGroup;
   if (p.kernel == AttnKernel::Wgmma)
     p.head_dim == 64 ? launch_wgmma<64, true, false>(p, stream) : launch_wgmma<128, true, false>(p, stream);
   else if (p.kernel == AttnKernel::WgmmaOverlap)

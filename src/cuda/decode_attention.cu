@@ -286,26 +286,28 @@ __global__ void decode_combine(const float* __restrict__ ws, int n_splits, int H
 
 void bad(const std::string& what) { throw std::invalid_argument("decode_attention: " + what); }
 
+constexpr Choice<DecodeLoads> kLoadsNames[] = {{"direct", DecodeLoads::Direct}, {"staged", DecodeLoads::Staged}};
+constexpr Choice<DecodeCombine> kCombineNames[] = {{"serial", DecodeCombine::Serial},
+                                                   {"parallel", DecodeCombine::Parallel}};
+
 // Auto: ELASTIC_DECODE_LOADS when set, else Direct (staged measured 3-3.6x slower, cuda_attention.h).
 DecodeLoads loads_for(DecodeLoads l) {
   if (l != DecodeLoads::Auto) return l;
-  return env_choice("ELASTIC_DECODE_LOADS", {{"direct", DecodeLoads::Direct}, {"staged", DecodeLoads::Staged}},
-                    DecodeLoads::Direct);
+  return env_choice("ELASTIC_DECODE_LOADS", kLoadsNames, DecodeLoads::Direct);
 }
 
 // Auto: ELASTIC_DECODE_COMBINE when set, else Parallel (measured faster at every length); a graph captures
 // whichever merge was in force at capture time.
 DecodeCombine combine_for(DecodeCombine c) {
   if (c != DecodeCombine::Auto) return c;
-  return env_choice("ELASTIC_DECODE_COMBINE",
-                    {{"serial", DecodeCombine::Serial}, {"parallel", DecodeCombine::Parallel}},
-                    DecodeCombine::Parallel);
+  return env_choice("ELASTIC_DECODE_COMBINE", kCombineNames, DecodeCombine::Parallel);
 }
 
 // Auto: ELASTIC_DECODE_SPLIT (64, 128 or 256) when set, else 256 until the smaller splits have been timed on a GPU.
 int split_for(int split) {
   if (split != 0) return split;
-  return env_choice("ELASTIC_DECODE_SPLIT", {{"64", 64}, {"128", 128}, {"256", 256}}, 256);
+  static constexpr Choice<int> kSplits[] = {{"64", 64}, {"128", 128}, {"256", 256}};
+  return env_choice("ELASTIC_DECODE_SPLIT", kSplits, 256);
 }
 
 int n_splits_for(int n_pos, int chunk) { return (n_pos + chunk - 1) / chunk; }
@@ -368,9 +370,8 @@ int64_t decode_workspace_floats(int n_heads, int head_dim, int n_pos) {
 }
 
 std::string describe_decode_auto() {
-  return std::string("loads ") + (loads_for(DecodeLoads::Auto) == DecodeLoads::Staged ? "staged" : "direct") +
-         ", merge " + (combine_for(DecodeCombine::Auto) == DecodeCombine::Parallel ? "parallel" : "serial") +
-         ", split " + std::to_string(split_for(0));
+  return std::string("loads ") + choice_name(kLoadsNames, loads_for(DecodeLoads::Auto)) + ", merge " +
+         choice_name(kCombineNames, combine_for(DecodeCombine::Auto)) + ", split " + std::to_string(split_for(0));
 }
 
 void decode_attention(const DecodeParams& p, cudaStream_t stream) {

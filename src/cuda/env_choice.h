@@ -2,9 +2,10 @@
 // A variant chosen by an environment variable (ELASTIC_ATTN_KERNEL, ELASTIC_DECODE_LOADS, ...): the value named by
 // the variable, `unset` when it is unset or empty; any other value throws std::invalid_argument naming the variable
 // and the accepted values. Read at each call, so a test or a graph capture sees the setting in force at that time.
+// The same name table serves choice_name, so logs name a variant exactly as the variable spells it.
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -12,7 +13,10 @@
 namespace elastic::cuda {
 
 template <class E>
-E env_choice(const char* var, std::initializer_list<std::pair<const char*, E>> names, E unset) {
+using Choice = std::pair<const char*, E>;
+
+template <class E, size_t N>
+E env_choice(const char* var, const Choice<E> (&names)[N], E unset) {
   const char* e = std::getenv(var);
   if (!e || !*e) return unset;
   std::string known;
@@ -21,6 +25,14 @@ E env_choice(const char* var, std::initializer_list<std::pair<const char*, E>> n
     known += (known.empty() ? "" : ", ") + std::string(nv.first);
   }
   throw std::invalid_argument(std::string(var) + " must be one of " + known + " (got '" + e + "')");
+}
+
+// The name of `value` in `names` (nullptr when it has none).
+template <class E, size_t N>
+const char* choice_name(const Choice<E> (&names)[N], E value) {
+  for (const auto& nv : names)
+    if (nv.second == value) return nv.first;
+  return nullptr;
 }
 
 }  // namespace elastic::cuda
