@@ -8,7 +8,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <stdexcept>
 
 namespace fs = std::filesystem;
@@ -19,12 +18,6 @@ std::string ids_json(const std::vector<int32_t>& ids) {
   std::string s = "[";
   for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
   return s + "]";
-}
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(path + ": cannot open");
-  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path) {

@@ -30,7 +30,6 @@ void add_bench_command(CLI::App& app, Commands& cmds);
 void add_plot_command(CLI::App& app, Commands& cmds);
 
 std::string ids_json(const std::vector<int32_t>& ids);
-std::string read_text_file(const std::string& path);
 // The tokenizer.json to use: the override when given, else the model folder's (throws when absent).
 std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path);
 bool is_gguf(const std::string& model);

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "cli_common.h"
+#include "elastic/text_file.h"
 #include "elastic/tokenizer.h"
 
 namespace elastic::cli {

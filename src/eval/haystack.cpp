@@ -1,8 +1,8 @@
 #include "elastic/haystack.h"
 
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
+
+#include "elastic/text_file.h"
 
 namespace elastic {
 
@@ -62,11 +62,7 @@ const std::string& noise_text() {
 }
 
 std::string read_haystack_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(path + ": cannot open haystack file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string text = ss.str();
+  std::string text = read_text_file(path, "haystack file");
   if (text.empty()) throw std::runtime_error(path + ": haystack file is empty");
   return text;
 }

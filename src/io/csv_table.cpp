@@ -1,10 +1,10 @@
 #include "elastic/csv_table.h"
 
+#include "elastic/text_file.h"
 #include "io/trim.h"
 
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 #include <stdexcept>
 
@@ -64,12 +64,6 @@ CsvTable parse_numeric_csv(const std::string& text, const std::string& what) {
   return t;
 }
 
-CsvTable read_numeric_csv(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(path + ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_numeric_csv(ss.str(), path);
-}
+CsvTable read_numeric_csv(const std::string& path) { return parse_numeric_csv(read_text_file(path), path); }
 
 }  // namespace elastic

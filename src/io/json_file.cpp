@@ -1,18 +1,15 @@
 #include "elastic/json_file.h"
 
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
+
+#include "elastic/text_file.h"
 
 namespace elastic {
 
 nlohmann::json read_json_file(const std::string& path, const std::string& what) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(path + ": cannot open " + what);
-  std::stringstream ss;
-  ss << f.rdbuf();
+  const std::string text = read_text_file(path, what);
   try {
-    return nlohmann::json::parse(ss.str());
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw std::runtime_error(path + ": malformed JSON: " + e.what());
   }
