@@ -5,7 +5,9 @@
 // TFLOP/s are counted two ways: on the (query, key) pairs actually computed (64x64 tiles, diagonal tiles half) and
 // on the dense causal count 4 * hd * Hq * T(T+1)/2. Then the decode kernel: one query token per head against
 // all-full caches (T positions) and all-streaming ring caches (sink + window), time per layer and the K/V bytes it
-// reads per second. Usage: bench_attention_gpu [--decode] [T ...] (default 8K..128K; --decode: the decode table only).
+// reads per second. Usage: bench_attention_gpu [--decode | --kernels | --paired] [T ...] (default 8K..128K; --decode:
+// the decode table only; --kernels: all-full / all-streaming rows of every wgmma variant; --paired: only the paired
+// SA-cost table, all-full and all-streaming layers timed in alternation).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -130,26 +132,33 @@ void decode_table(const std::vector<int>& lengths, Timer& timer) {
       DecodeParams p;
       p.q = q, p.out = out, p.heads = dh, p.n_pos = T, p.n_heads = Hq, p.n_kv_heads = Hkv, p.head_dim = hd;
       p.block = B, p.workspace = ws;
+      const int max_kept = decode_max_kept(hh.data(), Hkv, B, T);
       struct Form {
         DecodeLoads loads;
         DecodeCombine combine;
-        int split;
+        int split;     // 0: Auto (from the grid)
+        bool bounded;  // max_kept set: the grid covers the kept positions only
       };
-      // The default first, then the other merge, the staged loads and the smaller splits (docs/CUDA_ATTENTION.md).
-      for (const Form f : {Form{DecodeLoads::Direct, DecodeCombine::Parallel, 256},
-                           Form{DecodeLoads::Direct, DecodeCombine::Serial, 256},
-                           Form{DecodeLoads::Staged, DecodeCombine::Parallel, 256},
-                           Form{DecodeLoads::Direct, DecodeCombine::Parallel, 128},
-                           Form{DecodeLoads::Direct, DecodeCombine::Parallel, 64}}) {
+      // The default first (Auto split over the kept positions), then each split by hand, the other merge, the
+      // staged loads, and the grid over all T positions at split 256 (the default before the kept bound).
+      for (const Form f : {Form{DecodeLoads::Auto, DecodeCombine::Auto, 0, true},
+                           Form{DecodeLoads::Direct, DecodeCombine::Parallel, 256, true},
+                           Form{DecodeLoads::Direct, DecodeCombine::Parallel, 128, true},
+                           Form{DecodeLoads::Direct, DecodeCombine::Parallel, 64, true},
+                           Form{DecodeLoads::Direct, DecodeCombine::Serial, 0, true},
+                           Form{DecodeLoads::Staged, DecodeCombine::Parallel, 0, true},
+                           Form{DecodeLoads::Direct, DecodeCombine::Parallel, 256, false}}) {
         p.combine = f.combine;
         p.loads = f.loads;
         p.split = f.split;
+        p.max_kept = f.bounded ? max_kept : 0;
         const double ms = timer.median_ms([&] { decode_attention(p, nullptr); }, 50);
         const double bytes = 2.0 * kept * hd * 2 * Hkv;
-        std::printf("| %d | %s, %s loads, %s merge, split %d | %d | %.1f | %.0f |\n", T,
-                    mode ? "all streaming" : "all full", f.loads == DecodeLoads::Direct ? "direct" : "staged",
-                    f.combine == DecodeCombine::Serial ? "serial" : "parallel", f.split, kept, ms * 1e3,
-                    bytes / (ms * 1e-3) * 1e-9);
+        const char* loads = f.loads == DecodeLoads::Auto ? "auto" : f.loads == DecodeLoads::Direct ? "direct" : "staged";
+        const char* merge = f.combine == DecodeCombine::Auto ? "auto" : f.combine == DecodeCombine::Serial ? "serial" : "parallel";
+        std::printf("| %d | %s, %s loads, %s merge, split %s%d, grid over %s | %d | %.1f | %.0f |\n", T,
+                    mode ? "all streaming" : "all full", loads, merge, f.split ? "" : "auto: ", decode_split(p),
+                    f.bounded ? "kept positions" : "all T", kept, ms * 1e3, bytes / (ms * 1e-3) * 1e-9);
         std::fflush(stdout);
       }
       ELASTIC_CUDA_CHECK(cudaFree(dh));
@@ -166,13 +175,14 @@ void decode_table(const std::vector<int>& lengths, Timer& timer) {
 
 int main(int argc, char** argv) {
   std::vector<int> lengths;
-  bool decode_only = false, kernels_only = false;
+  bool decode_only = false, kernels_only = false, paired_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--decode") decode_only = true;
     else if (a == "--kernels") kernels_only = true;  // only the all-full / all-streaming rows of each kernel
+    else if (a == "--paired") paired_only = true;     // only the paired SA-cost table
     else if (a.empty() || a.find_first_not_of("0123456789") != std::string::npos || std::atoi(a.c_str()) <= 0) {
-      std::fprintf(stderr, "bench_attention_gpu: bad argument '%s' (usage: [--decode | --kernels] [T ...])\n",
+      std::fprintf(stderr, "bench_attention_gpu: bad argument '%s' (usage: [--decode | --kernels | --paired] [T ...])\n",
                    a.c_str());
       return 2;
     } else lengths.push_back(std::atoi(a.c_str()));
@@ -191,11 +201,13 @@ int main(int argc, char** argv) {
   std::printf("GPU %s, %d SMs. Qwen3-4B attention: Hq=%d Hkv=%d hd=%d causal bf16, block %d, sink %d, local %d, "
               "xattn stride 16 tau 0.9, hybrid = %d-layer stack with streaming sparse heads\n\n",
               prop.name, prop.multiProcessorCount, Hq, Hkv, hd, B, sink, local, L);
-  std::printf("| T | routing | Omega | ms/layer | computed/dense pairs | TFLOP/s (computed) | TFLOP/s (dense causal) | "
-              "time vs our full (a variant's ssa row: vs that variant's full) | cost share / pair share |\n"
-              "|---|---|---|---|---|---|---|---|---|\n");
+  if (!paired_only)
+    std::printf("| T | routing | Omega | ms/layer | computed/dense pairs | TFLOP/s (computed) | TFLOP/s (dense causal) | "
+                "time vs our full (a variant's ssa row: vs that variant's full) | cost share / pair share |\n"
+                "|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(42);
   Timer timer;
+  std::vector<std::string> paired;  // rows of the paired SA-cost table, printed after the main one
   for (const int T : lengths) {
     const size_t nq = size_t(T) * Hq * hd, nk = size_t(T) * Hkv * hd;
     uint16_t *q, *k, *v, *out;
@@ -258,6 +270,44 @@ int main(int argc, char** argv) {
       for (int h = 0; h < Hq; ++h) pr += pairs_head(hm, T, B, nullptr, nullptr, nullptr, h, nb);
       return pr;
     };
+    // The SA cost target, measured paired: an all-full and an all-streaming layer through the same kernel, timed in
+    // alternation (the order flips every round), so clock and power drift over the run land on both alike. The rows
+    // above time each routing once, minutes apart at 128K, and the same kernel's full time moved by up to 10%
+    // between two of them (H200 run 7, 16K). Per round: (t_ssa / t_full) / pair share; the median and the range.
+    auto paired_rows = [&](double full_pairs, double ssa_pairs) {
+    for (const AttnKernel k : {AttnKernel::Auto, AttnKernel::Wgmma}) {
+      KVHeadMeta* df = upload_meta(std::vector<KVHeadMeta>(Hkv, mf));
+      KVHeadMeta* ds = upload_meta(std::vector<KVHeadMeta>(Hkv, ms));
+      HybridAttnParams pf = base(df), ps = base(ds);
+      pf.kernel = ps.kernel = k;
+      const int rounds = T >= 65536 ? 9 : 21;
+      std::vector<double> ratio, tf, ts;
+      for (int r = 0; r < rounds; ++r) {
+        double a = 0, b = 0;
+        if (r % 2 == 0) {
+          a = timer.median_ms([&] { hybrid_attention_fwd(pf, nullptr); }, 3);
+          b = timer.median_ms([&] { hybrid_attention_fwd(ps, nullptr); }, 3);
+        } else {
+          b = timer.median_ms([&] { hybrid_attention_fwd(ps, nullptr); }, 3);
+          a = timer.median_ms([&] { hybrid_attention_fwd(pf, nullptr); }, 3);
+        }
+        tf.push_back(a), ts.push_back(b), ratio.push_back(b / a / (ssa_pairs / full_pairs));
+      }
+      for (auto* v : {&ratio, &tf, &ts}) std::sort(v->begin(), v->end());
+      char line[256];
+      std::snprintf(line, sizeof line, "| %d | %s | %d | %.3f | %.3f | %.4f | %.3f | %.3f | %.3f |", T,
+                    k == AttnKernel::Auto ? "Auto" : "wgmma v4", rounds, tf[rounds / 2], ts[rounds / 2],
+                    ssa_pairs / full_pairs, ratio[rounds / 2], ratio.front(), ratio.back());
+      paired.emplace_back(line);
+      ELASTIC_CUDA_CHECK(cudaFree(df));
+      ELASTIC_CUDA_CHECK(cudaFree(ds));
+    }
+    };
+    if (paired_only) {
+      paired_rows(uniform_pairs(mf), uniform_pairs(ms));
+      free_io();
+      continue;
+    }
     t_full = uniform_ms(mf, AttnKernel::Auto);
     pairs_full = uniform_pairs(mf);
     row("full", 0.0, t_full, pairs_full);
@@ -278,6 +328,7 @@ int main(int argc, char** argv) {
     row("ssa (wgmma, persistent)", 1.0, uniform_ms(ms, AttnKernel::WgmmaPersistent), pairs_ssa, t_pe);
     if (!kernels_only) row("full (simple kernel)", 0.0, uniform_ms(mf, AttnKernel::Simple), pairs_full);
     row("ssa", 1.0, uniform_ms(ms, AttnKernel::Auto), pairs_ssa);
+    paired_rows(pairs_full, pairs_ssa);
     if (kernels_only) {
       free_io();
       continue;
@@ -339,7 +390,11 @@ int main(int argc, char** argv) {
     }
     free_io();
   }
-  if (kernels_only) return 0;
+  std::printf("\nSA cost, paired: all-full and all-streaming layers timed in alternation, per round (t_ssa / t_full) /"
+              " pair share (target < 1.15)\n\n| T | kernel | rounds | full ms (median) | ssa ms (median) | pair share |"
+              " cost / pair share: median | min | max |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (const std::string& l : paired) std::printf("%s\n", l.c_str());
+  if (kernels_only || paired_only) return 0;
   decode_table(lengths, timer);
   return 0;
 }

@@ -142,11 +142,19 @@ struct DecodeParams {
   int max_pos = 0;
   DecodeCombine combine = DecodeCombine::Auto;
   DecodeLoads loads = DecodeLoads::Auto;
-  // Positions per split (one CTA each): 64, 128 or 256; 0 (Auto) = ELASTIC_DECODE_SPLIT when set, else 256. Smaller
-  // splits mean more CTAs with fewer dependent loads each, for layers with few kept positions (all-streaming heads,
-  // short contexts), at the price of a longer merge; not yet timed on a GPU (docs/CUDA_ATTENTION.md, next steps).
+  // Positions per split (one CTA each): 64, 128 or 256; 0 (Auto) = ELASTIC_DECODE_SPLIT when set, else the largest
+  // split that gives at least 4 CTAs per SM (64 when none does). Smaller splits mean more CTAs with fewer dependent
+  // loads each, which is what layers with few kept positions (streaming heads, short contexts) need.
   int split = 0;
+  // An upper bound on the positions any head of this layer attends (decode_max_kept of the host head table), or 0
+  // for none. The grid then covers that many positions instead of n_pos (max_pos): a layer of streaming heads at
+  // 128K launches the CTAs of its sink and window, not of 128K. A bound whose grid (whole splits) misses some of a
+  // head's kept positions makes the output NaN (never a silently truncated sum).
+  int max_kept = 0;
 };
+// The largest number of positions any of these heads attends at up to n_pos positions: n_pos when a head is full
+// or XAttention, else (sink_blocks + local_blocks) * block. For DecodeParams::max_kept (host head table).
+int decode_max_kept(const DecodeKVHead* host_heads, int n_kv_heads, int block, int n_pos);
 // Host check of a head table before it goes to the device: throws naming the head when a streaming head's cache
 // cannot hold its sink blocks or its window (or the mode is unknown).
 void validate_decode_heads(const DecodeKVHead* host_heads, int n_kv_heads, int block);
@@ -154,8 +162,12 @@ void validate_decode_heads(const DecodeKVHead* host_heads, int n_kv_heads, int b
 // choice fits (about 34 MB at 32 query heads, hd 128 and 128K positions).
 int64_t decode_workspace_floats(int n_heads, int head_dim, int n_pos);
 void decode_attention(const DecodeParams& p, cudaStream_t stream);
+// The split (positions per CTA) decode_attention(p) runs: p.split, or what Auto picks for p's grid on the current
+// device. Throws std::invalid_argument on a bad ELASTIC_DECODE_SPLIT.
+int decode_split(const DecodeParams& p);
 // What DecodeLoads::Auto / DecodeCombine::Auto / split 0 resolve to under the current environment: "loads direct,
-// merge parallel, split 256". Throws std::invalid_argument on a bad variable.
+// merge parallel, split by grid (...)" or, with ELASTIC_DECODE_SPLIT, "split 64". Throws std::invalid_argument on a
+// bad variable.
 std::string describe_decode_auto();
 
 }  // namespace elastic::cuda

@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -69,11 +70,14 @@ __global__ void __launch_bounds__(kThreads)
   const DecodeKVHead hk = heads[kvh];
   const Kept kp = kept_positions(hk, valid ? n_pos : 1, B);
   const int i0 = split * chunk, n = valid ? max(0, min(chunk, kp.n - i0)) : 0;
+  // A grid cut short by DecodeParams::max_kept that misses some of this head's positions (a caller's bound too
+  // small): the last split poisons its partial's sum, so the merge writes NaN rather than a silently wrong output.
+  const bool short_grid = valid && split == static_cast<int>(gridDim.y) - 1 && kp.n > static_cast<int>(gridDim.y) * chunk;
   if (n == 0) {  // nothing to attend in this split (uniform per CTA): only the empty-partial marker is read
     if (tid < G) {
       float* w = ws + (static_cast<size_t>(split) * Hq + kvh * G + tid) * (HD + 2);
-      w[HD] = -INFINITY;
-      w[HD + 1] = 0.f;
+      w[HD] = short_grid ? 0.f : -INFINITY;
+      w[HD + 1] = short_grid ? NAN : 0.f;
     }
     return;
   }
@@ -206,7 +210,7 @@ __global__ void __launch_bounds__(kThreads)
   if (tid < G) {  // n > 0 here
     float* w = ws + (static_cast<size_t>(split) * Hq + kvh * G + tid) * (HD + 2);
     w[HD] = sm[tid];
-    w[HD + 1] = sl[tid];
+    w[HD + 1] = short_grid ? NAN : sl[tid];
   }
 }
 
@@ -303,22 +307,39 @@ DecodeCombine combine_for(DecodeCombine c) {
   return env_choice("ELASTIC_DECODE_COMBINE", kCombineNames, DecodeCombine::Parallel);
 }
 
-// Auto: ELASTIC_DECODE_SPLIT (64, 128 or 256) when set, else 256 until the smaller splits have been timed on a GPU.
-int split_for(int split) {
+// Auto: ELASTIC_DECODE_SPLIT (64, 128 or 256) when set, else the largest split that still gives at least 4 CTAs
+// per SM over `grid_pos` positions (64 when none does). Decode is latency-bound when few CTAs run: on the H200 at the
+// Qwen3-4B shape an 8K all-full layer took 53 us at split 256 (256 CTAs) against 37 us at 128 (512), an
+// all-streaming layer 47 us against 29 us at 64 (272 CTAs); at 32K all-full (1,024 CTAs at 256) the larger split
+// won, 93 against 111 us (docs/PERFORMANCE.md).
+int split_for(int split, int grid_pos, int n_kv_heads) {
   if (split != 0) return split;
   static constexpr Choice<int> kSplits[] = {{"64", 64}, {"128", 128}, {"256", 256}};
-  return env_choice("ELASTIC_DECODE_SPLIT", kSplits, 256);
+  const int env = env_choice("ELASTIC_DECODE_SPLIT", kSplits, 0);
+  if (env != 0 || grid_pos <= 0) return env;
+  int dev = 0, sms = 0;
+  ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
+  ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  for (const int c : {256, 128})
+    if (int64_t(n_kv_heads) * ((grid_pos + c - 1) / c) >= 4 * int64_t(sms)) return c;
+  return 64;
 }
 
 int n_splits_for(int n_pos, int chunk) { return (n_pos + chunk - 1) / chunk; }
 
+// The positions the grid covers: every position up to n_pos (max_pos under a graph; the kernels find the live
+// splits themselves), or fewer when the caller bounds what any head keeps (streaming heads: sink and window only).
+int all_positions(const DecodeParams& p) { return p.n_pos_dev ? p.max_pos : p.n_pos; }
+int grid_positions(const DecodeParams& p) {
+  return p.max_kept > 0 ? std::min(all_positions(p), p.max_kept) : all_positions(p);
+}
+
 template <int HD>
 void launch(const DecodeParams& p, cudaStream_t stream) {
-  // With a device n_pos the grid (and the workspace) covers max_pos; the kernels find the live splits themselves.
   const bool parallel_merge = combine_for(p.combine) == DecodeCombine::Parallel;  // may throw: before any launch
   const bool staged = loads_for(p.loads) == DecodeLoads::Staged;
-  const int chunk = split_for(p.split);
-  const int grid_pos = p.n_pos_dev ? p.max_pos : p.n_pos;
+  const int all_pos = all_positions(p), grid_pos = grid_positions(p);
+  const int chunk = split_for(p.split, grid_pos, p.n_kv_heads);
   const int splits = n_splits_for(grid_pos, chunk);
   const float scale = 1.f / std::sqrt(static_cast<float>(HD));
   const int G = p.n_heads / p.n_kv_heads;
@@ -336,7 +357,7 @@ void launch(const DecodeParams& p, cudaStream_t stream) {
     ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             2 * kMaxChunk * HD * 2));
   kernel<<<dim3(p.n_kv_heads, splits), kThreads, staged_bytes, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(p.q), p.heads, p.n_pos, p.n_pos_dev, grid_pos, p.n_heads, p.n_kv_heads,
+      reinterpret_cast<const __nv_bfloat16*>(p.q), p.heads, p.n_pos, p.n_pos_dev, all_pos, p.n_heads, p.n_kv_heads,
       p.block, scale, chunk, p.workspace);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
   if (parallel_merge)
@@ -369,9 +390,23 @@ int64_t decode_workspace_floats(int n_heads, int head_dim, int n_pos) {
   return int64_t(n_splits_for(n_pos, kMinChunk)) * n_heads * (head_dim + 2);
 }
 
+int decode_max_kept(const DecodeKVHead* hh, int n_kv_heads, int block, int n_pos) {
+  int most = 0;
+  for (int h = 0; h < n_kv_heads; ++h) {
+    // A streaming head keeps at most its sink blocks and `local_blocks` blocks ending at the query's block.
+    const int64_t keep = hh[h].mode == 1 ? int64_t(hh[h].sink_blocks + hh[h].local_blocks) * block : n_pos;
+    most = std::max(most, static_cast<int>(std::min<int64_t>(keep, n_pos)));
+  }
+  return most;
+}
+
+int decode_split(const DecodeParams& p) { return split_for(p.split, grid_positions(p), p.n_kv_heads); }
+
 std::string describe_decode_auto() {
+  const int split = split_for(0, 0, 0);
   return std::string("loads ") + choice_name(kLoadsNames, loads_for(DecodeLoads::Auto)) + ", merge " +
-         choice_name(kCombineNames, combine_for(DecodeCombine::Auto)) + ", split " + std::to_string(split_for(0));
+         choice_name(kCombineNames, combine_for(DecodeCombine::Auto)) + ", split " +
+         (split ? std::to_string(split) : std::string("by grid (256, 128 or 64: >= 4 CTAs per SM)"));
 }
 
 void decode_attention(const DecodeParams& p, cudaStream_t stream) {
@@ -389,6 +424,7 @@ void decode_attention(const DecodeParams& p, cudaStream_t stream) {
     bad("unknown combine value " + std::to_string(static_cast<int>(p.combine)));
   if (p.loads != DecodeLoads::Auto && p.loads != DecodeLoads::Direct && p.loads != DecodeLoads::Staged)
     bad("unknown loads value " + std::to_string(static_cast<int>(p.loads)));
+  if (p.max_kept < 0) bad("max_kept must be >= 0 (got " + std::to_string(p.max_kept) + ")");
   if (p.split != 0 && p.split != 64 && p.split != 128 && p.split != 256)
     bad("split must be 0 (auto), 64, 128 or 256 (got " + std::to_string(p.split) + ")");
   if (p.head_dim == 64)

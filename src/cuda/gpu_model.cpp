@@ -64,6 +64,8 @@ void GpuModel::Impl::allocate_layer_caches(int l, const HeadMode* modes, const S
     dh[h].local_blocks = m.local_blocks;
   }
   validate_decode_heads(dh.data(), Hkv, s.block);
+  if (dec_max_kept.size() != size_t(c.n_layers)) dec_max_kept.assign(c.n_layers, 0);
+  dec_max_kept[l] = decode_max_kept(dh.data(), Hkv, s.block, o.max_ctx);
   const size_t off = size_t(l) * Hkv;
   ELASTIC_CUDA_CHECK(cudaMemcpyAsync(k_ptrs.as<void*>() + off, kp.data(), Hkv * sizeof(void*), cudaMemcpyHostToDevice, stream));
   ELASTIC_CUDA_CHECK(cudaMemcpyAsync(v_ptrs.as<void*>() + off, vp.data(), Hkv * sizeof(void*), cudaMemcpyHostToDevice, stream));
@@ -311,6 +313,7 @@ void GpuModel::Impl::decode_body() {
     dp.n_pos = 1;  // ignored: n_pos comes from the device
     dp.n_pos_dev = io + 3;
     dp.max_pos = o.max_ctx;
+    dp.max_kept = dec_max_kept[l];  // the layer's routing is fixed for the sequence (a new prefill drops the graph)
     dp.n_heads = Hq, dp.n_kv_heads = Hkv, dp.head_dim = hd, dp.block = routing.sparse.block;
     dp.workspace = d_ws.as<float>();
     decode_attention(dp, st);

@@ -63,6 +63,7 @@ struct GpuModel::Impl {
   std::vector<HeadCache> caches;            // [L * Hkv]
   DeviceBuffer k_ptrs, v_ptrs, sink_slots, ring_slots;  // [L * Hkv] device tables of the caches
   DeviceBuffer dec_heads;                   // [L * Hkv] DecodeKVHead
+  std::vector<int> dec_max_kept;            // [L] DecodeParams::max_kept of each layer (decode_max_kept)
 
   // Decode work: one token.
   DeviceBuffer d_x, d_xn, d_qkv, d_q, d_k, d_v, d_attn, d_gu, d_act, d_ws;

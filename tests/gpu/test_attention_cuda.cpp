@@ -329,7 +329,8 @@ TEST(CudaHybridAttention, DescribesWhatAutoRuns) {
   {
     EnvGuard l("ELASTIC_DECODE_LOADS", ""), c("ELASTIC_DECODE_COMBINE", "");
     EnvGuard sp("ELASTIC_DECODE_SPLIT", "");
-    EXPECT_EQ(cuda::describe_decode_auto(), "loads direct, merge parallel, split 256");
+    EXPECT_EQ(cuda::describe_decode_auto(),
+              "loads direct, merge parallel, split by grid (256, 128 or 64: >= 4 CTAs per SM)");
   }
   {
     EnvGuard l("ELASTIC_DECODE_LOADS", "staged"), c("ELASTIC_DECODE_COMBINE", "serial"), sp("ELASTIC_DECODE_SPLIT", "64");
@@ -528,15 +529,20 @@ TEST(CudaDecodeAttention, RingCacheMatchesCpu) {
     cuda::DecodeParams dp;
     dp.q = dq.p, dp.out = dout.p, dp.heads = dheads.p, dp.n_pos = c.n_pos, dp.n_heads = c.Hq;
     dp.n_kv_heads = c.Hkv, dp.head_dim = hd, dp.block = c.B, dp.workspace = ws.p;
-    for (const int split : {256, 128, 64})
+    // The grid over all n_pos positions, or over the kept bound (a streaming-only layer's sink and window).
+    const int max_kept = cuda::decode_max_kept(heads.data(), c.Hkv, c.B, c.n_pos);
+    for (const int bound : {0, max_kept})
+    for (const int split : {0, 256, 128, 64})
     for (const auto loads : {cuda::DecodeLoads::Direct, cuda::DecodeLoads::Staged})
     for (const auto combine : {cuda::DecodeCombine::Serial, cuda::DecodeCombine::Parallel}) {
-      const std::string cname = std::string(loads == cuda::DecodeLoads::Direct ? "direct loads, " : "staged loads, ") +
-                                (combine == cuda::DecodeCombine::Serial ? "serial merge" : "parallel merge") +
-                                ", split " + std::to_string(split);
       dp.combine = combine;
       dp.loads = loads;
       dp.split = split;
+      dp.max_kept = bound;
+      const std::string cname = std::string(loads == cuda::DecodeLoads::Direct ? "direct loads, " : "staged loads, ") +
+                                (combine == cuda::DecodeCombine::Serial ? "serial merge" : "parallel merge") +
+                                ", split " + std::to_string(split) + " (runs " + std::to_string(cuda::decode_split(dp)) +
+                                "), max_kept " + std::to_string(bound);
       dout.up(std::vector<uint16_t>(q.size(), kNaNBf16));
       cuda::decode_attention(dp, nullptr);
       ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
@@ -553,6 +559,58 @@ TEST(CudaDecodeAttention, RingCacheMatchesCpu) {
       EXPECT_LT(std::sqrt(err2 / ref2), 1e-2) << cname << ", n_pos " << c.n_pos;
     }
   }
+}
+
+// decode_max_kept: n_pos when any head is full or XAttention, else the streaming heads' sink + window blocks.
+TEST(CudaDecodeAttention, MaxKeptBoundsEachMode) {
+  std::vector<cuda::DecodeKVHead> hh(2);
+  hh[0].mode = hh[1].mode = 1;
+  hh[0].sink_blocks = 2, hh[0].local_blocks = 32;  // 34 blocks of 64
+  hh[1].sink_blocks = 1, hh[1].local_blocks = 8;
+  EXPECT_EQ(cuda::decode_max_kept(hh.data(), 2, 64, 100000), 34 * 64);
+  EXPECT_EQ(cuda::decode_max_kept(hh.data(), 2, 64, 1000), 1000);  // never above n_pos
+  hh[1].mode = 2;
+  EXPECT_EQ(cuda::decode_max_kept(hh.data(), 2, 64, 100000), 100000);
+  hh[1].mode = 0;
+  EXPECT_EQ(cuda::decode_max_kept(hh.data(), 2, 128, 5000), 5000);
+}
+
+// A max_kept whose grid misses some of a head's positions: the output is NaN, not a sum over fewer positions.
+TEST(CudaDecodeAttention, TooSmallMaxKeptGivesNaN) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(std::random_device{}());
+  const int Hq = 4, Hkv = 2, hd = 64, B = 64, n_pos = 2000;
+  std::vector<uint16_t> kc = random_bf16(size_t(n_pos) * hd * Hkv, rng, 1.f), vc = random_bf16(kc.size(), rng, 1.f);
+  Dev<uint16_t> dk(kc), dv(vc), dq(random_bf16(size_t(Hq) * hd, rng, 1.f)), dout(size_t(Hq) * hd);
+  std::vector<cuda::DecodeKVHead> heads(Hkv);
+  for (int h = 0; h < Hkv; ++h) heads[h].k = dk.p + size_t(h) * n_pos * hd, heads[h].v = dv.p + size_t(h) * n_pos * hd;
+  Dev<cuda::DecodeKVHead> dheads(heads);  // both full: 2000 positions each
+  Dev<float> ws(cuda::decode_workspace_floats(Hq, hd, n_pos));
+  cuda::DecodeParams dp;
+  dp.q = dq.p, dp.out = dout.p, dp.heads = dheads.p, dp.n_pos = n_pos, dp.n_heads = Hq, dp.n_kv_heads = Hkv;
+  dp.head_dim = hd, dp.block = B, dp.workspace = ws.p;
+  // The grid covers whole splits, so a bound rounded up to the split may still reach every position: then the
+  // output is finite, and equal to the unbounded one.
+  dp.split = 64, dp.max_kept = 0;
+  cuda::decode_attention(dp, nullptr);
+  ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto ref = dout.down();
+  for (const int split : {64, 256})
+    for (const int bound : {n_pos - 100, n_pos - 1, 1000, 1, n_pos}) {
+      dp.split = split, dp.max_kept = bound;
+      dout.poison();
+      cuda::decode_attention(dp, nullptr);
+      ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+      const bool covered = (bound + split - 1) / split * split >= n_pos;
+      const auto out = dout.down();
+      for (size_t i = 0; i < out.size(); ++i) {
+        const float o = from_bf16(out[i]);
+        if (covered)
+          ASSERT_NEAR(o, from_bf16(ref[i]), 2e-2 * std::max(1.f, std::abs(o))) << "split " << split << ", max_kept " << bound;
+        else
+          ASSERT_TRUE(std::isnan(o)) << "split " << split << ", max_kept " << bound;
+      }
+    }
 }
 
 TEST(CudaDecodeAttention, RejectsTooSmallRing) {
@@ -580,6 +638,9 @@ TEST(CudaDecodeAttention, UnknownMergeOrLoadsInEnvironmentIsAnError) {
   p.split = 100;
   EXPECT_THROW(cuda::decode_attention(p, nullptr), std::invalid_argument);
   p.split = 0;
+  p.max_kept = -1;
+  EXPECT_THROW(cuda::decode_attention(p, nullptr), std::invalid_argument);
+  p.max_kept = 0;
   p.combine = static_cast<cuda::DecodeCombine>(7);
   EXPECT_THROW(cuda::decode_attention(p, nullptr), std::invalid_argument);
   p.combine = cuda::DecodeCombine::Auto;
