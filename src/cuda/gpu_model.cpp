@@ -99,6 +99,7 @@ void GpuModel::prefill(const int32_t* ids_h, int T, const RoutingTable* fixed, c
   const auto t_start = std::chrono::steady_clock::now();
   m.drop_graph();
   m.length = 0;
+  m.decode_grid_pos = 0;
 
   RoutingTable r = fixed ? *fixed : RoutingTable::all_full(L, Hkv);
   if (!fixed && router) r.sparse = router->sparse();
@@ -312,7 +313,7 @@ void GpuModel::Impl::decode_body() {
     dp.heads = dec_heads.as<DecodeKVHead>() + off;
     dp.n_pos = 1;  // ignored: n_pos comes from the device
     dp.n_pos_dev = io + 3;
-    dp.max_pos = o.max_ctx;
+    dp.max_pos = decode_grid_pos;
     dp.max_kept = dec_max_kept[l];  // the layer's routing is fixed for the sequence (a new prefill drops the graph)
     dp.n_heads = Hq, dp.n_kv_heads = Hkv, dp.head_dim = hd, dp.block = routing.sparse.block;
     dp.workspace = d_ws.as<float>();
@@ -336,6 +337,12 @@ int32_t GpuModel::decode(int32_t id, std::vector<float>* logits_out) {
     throw std::invalid_argument("gpu decode: the sequence is full (" + std::to_string(m.o.max_ctx) + " positions)");
   if (id < 0 || id >= m.c.vocab) throw std::invalid_argument("gpu decode: token id " + std::to_string(id) + " is outside the vocabulary");
   cudaStream_t st = m.stream;
+  if (m.length + 1 > m.decode_grid_pos) {  // outgrown (or first step): a wider grid, and a graph captured for it
+    m.drop_graph();
+    int grid = 256;
+    while (grid < m.length + 1) grid *= 2;
+    m.decode_grid_pos = std::min(grid, m.o.max_ctx);
+  }
   m.h_io = {id, 0, m.length, m.length + 1};
   ELASTIC_CUDA_CHECK(cudaMemcpyAsync(m.d_io.ptr, m.h_io.data(), 16, cudaMemcpyHostToDevice, st));
   if (m.graph) {

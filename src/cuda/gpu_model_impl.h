@@ -71,6 +71,10 @@ struct GpuModel::Impl {
   std::array<int32_t, 4> h_io{};
   cudaGraphExec_t graph = nullptr;
   int eager_steps = 0;
+  // Positions the decode attention grid covers (its max_pos): the power of two at or above the sequence's length
+  // (at least 256, at most max_ctx). A grid over max_ctx would launch a 128K plan's empty CTAs at every step of an
+  // 8K sequence and size the split for 128K; the captured graph is replaced when the sequence outgrows it.
+  int decode_grid_pos = 0;
 
   ~Impl();
   void init_common();                       // plan, work buffers, stream, gemm (after weights are set)

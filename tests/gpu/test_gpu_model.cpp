@@ -138,7 +138,9 @@ TEST_P(GpuModelTest, DecodeStepsMatchCpuWithAndWithoutGraphs) {
   auto g_graph = cuda::GpuModel::upload(m, o);
   o.graphs = false;
   auto g_eager = cuda::GpuModel::upload(m, o);
-  const auto ids = random_ids(450, m.config.vocab, rng), next = random_ids(8, m.config.vocab, rng);
+  // 500 + 16 positions: the decode grid (a power of two) grows from 512 to 1024 positions at step 12, so the graph
+  // is captured twice.
+  const auto ids = random_ids(500, m.config.vocab, rng), next = random_ids(16, m.config.vocab, rng);
   const RoutingTable r = mixed(m.config, true);
   KVCache cache;
   cpu_prefill(m, ids, r, 256, cache, 1024);
