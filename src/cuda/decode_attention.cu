@@ -8,7 +8,7 @@
 // workspace and a second kernel merges them.
 //
 // CUDA graphs: with DecodeParams::n_pos_dev the kernels read n_pos from device memory at run time, and the grid is
-// sized for max_pos. Splits past the live positions write empty partials (max -inf, sum 0), which the merge skips
+// sized for max_pos (or for DecodeParams::max_kept, when smaller). Splits past the live positions write empty partials (max -inf, sum 0), which the merge skips
 // (it also stops at the last live split), so a replay with a smaller n_pos never merges stale partials of an
 // earlier, larger one. Live splits run the same
 // code on the same inputs as the host-n_pos path, so both paths give bit-identical outputs.
