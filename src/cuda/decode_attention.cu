@@ -309,9 +309,9 @@ DecodeCombine combine_for(DecodeCombine c) {
 
 // Auto: ELASTIC_DECODE_SPLIT (64, 128 or 256) when set, else the largest split that still gives at least 4 CTAs
 // per SM over `grid_pos` positions (64 when none does). Decode is latency-bound when few CTAs run: on the H200 at the
-// Qwen3-4B shape an 8K all-full layer took 53 us at split 256 (256 CTAs) against 37 us at 128 (512), an
-// all-streaming layer 47 us against 29 us at 64 (272 CTAs); at 32K all-full (1,024 CTAs at 256) the larger split
-// won, 93 against 111 us (docs/PERFORMANCE.md).
+// Qwen3-4B shape an 8K all-full layer took 50 us at split 256 (256 CTAs) against 37 us at 128 (512), an
+// all-streaming layer 47 us at 256 (72 CTAs) against 24 us at 64 (272); at 32K all-full (1,024 CTAs at 256) the
+// larger split won, 89 against 106 us (docs/results/gpu_2026-12-03e/run7/decode_kernel.md).
 int split_for(int split, int grid_pos, int n_kv_heads) {
   if (split != 0) return split;
   static constexpr Choice<int> kSplits[] = {{"64", 64}, {"128", 128}, {"256", 256}};
