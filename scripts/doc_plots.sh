@@ -15,6 +15,6 @@ $E plot $D/plot_decode_tok_s.csv -o $D/decode_tok_s.svg --log2-x --x-label "cont
   --y-label "decode tokens/s" --title "Decode after the prefill, Qwen3-4B shape, H200"
 D=docs/results/gpu_2026-12-03e
 $E plot $D/plot_sa_cost_paired.csv -o $D/sa_cost_paired.svg --log2-x --y-fit --x-label "tokens (T)" \
-  --y-label "time share / computed-block share" --title "All-streaming layer against its block share, paired timing"
+  --y-label "time share / computed share" --title "All-streaming layer against its computed share, paired timing"
 $E plot $D/plot_decode_tok_s.csv -o $D/decode_tok_s.svg --log2-x --x-label "context tokens" \
   --y-label "decode tokens/s" --title "Decode after the prefill, Qwen3-4B shape, H200"

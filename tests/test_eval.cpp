@@ -329,6 +329,10 @@ TEST(EvalPlots, ParetoFrontAndShapes) {
   EXPECT_NE(line.find(">16K</text>"), std::string::npos);
   EXPECT_NE(line.find(">60,000</text>"), std::string::npos);
   EXPECT_NE(svg.find("t &lt;&amp;&gt;"), std::string::npos);
+  EXPECT_NE(line.find("width=\"720\""), std::string::npos);  // short labels: the standard canvas
+  // A long legend label widens the canvas (here to 720 - 190 + 32 + 7 * 60 + 12 = 994 px) instead of being cut off.
+  write_line_chart_svg(path, "t", "x", "y", {{std::string(60, 'a'), {1, 2}, {1, 2}}});
+  EXPECT_NE(read_file(path).find("width=\"994\""), std::string::npos);
   EXPECT_THROW(write_scatter_svg("/nonexistent/dir/x.svg", "t", "x", "y", p), std::runtime_error);
   fs::remove(path);
 }

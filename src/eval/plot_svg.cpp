@@ -85,13 +85,9 @@ struct Canvas {
     return kL + (v - a) / (b - a) * (kW - kL - kR);
   }
   double py(double y) const { return kH - kB - (y - yr.lo) / (yr.hi - yr.lo) * (kH - kT - kB); }
-  void begin(const std::string& title) {
-    o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kW << "\" height=\"" << kH << "\" viewBox=\"0 0 "
-      << kW << " " << kH << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
-      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      << "<text class=\"title\" x=\"" << (kW - kR + kL) / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">"
-      << xml_escape(title) << "</text>\n";
-  }
+  std::string title;
+  size_t legend_chars = 0;  // the longest legend label: the canvas widens so it is not cut off
+  void begin(const std::string& t) { title = t; }  // the header goes out in save(), once the width is known
   void axes(const std::string& xl, const std::string& yl, const std::vector<std::pair<double, std::string>>& xt) {
     o << "<rect x=\"" << kL << "\" y=\"" << kT << "\" width=\"" << kW - kL - kR << "\" height=\"" << kH - kT - kB
       << "\" fill=\"none\" stroke=\"#333\"/>\n";
@@ -112,13 +108,21 @@ struct Canvas {
       const double y = kT + 10 + i * 18.0;
       o << "<rect class=\"legend\" x=\"" << kW - kR + 14 << "\" y=\"" << y - 9 << "\" width=\"12\" height=\"12\" fill=\""
         << palette(i) << "\"/><text x=\"" << kW - kR + 32 << "\" y=\"" << y + 1 << "\">" << xml_escape(names[i]) << "</text>\n";
+      legend_chars = std::max(legend_chars, names[i].size());
     }
   }
   void save(const std::string& path) {
-    o << "</svg>\n";
+    // About 7 px per character at font size 12; the plot area keeps its size, only the right margin grows.
+    const double w = std::max(kW, kW - kR + 32 + 7.0 * static_cast<double>(legend_chars) + 12);
+    std::ostringstream head;
+    head << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << kH << "\" viewBox=\"0 0 "
+         << w << " " << kH << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+         << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+         << "<text class=\"title\" x=\"" << (kW - kR + kL) / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">"
+         << xml_escape(title) << "</text>\n";
     std::ofstream f(path);
     if (!f) throw std::runtime_error(path + ": cannot write SVG");
-    f << o.str();
+    f << head.str() << o.str() << "</svg>\n";
     if (!f) throw std::runtime_error(path + ": write failed");
   }
 };
