@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Bad input at the CLI: each case must exit non-zero and print a message naming the problem.
+# Usage: cli_errors.sh ELASTIC_BIN SOURCE_DIR [HAS_CUDA: 1 (default) or 0, a build configured with ELASTIC_CUDA=OFF]
 set -u
-BIN=$1; SRC=$2; FX=$SRC/tests/fixtures; TMP=$(mktemp -d); fails=0
+BIN=$1; SRC=$2; HAS_CUDA=${3:-1}; FX=$SRC/tests/fixtures; TMP=$(mktemp -d); fails=0
 expect_fail() {  # expect_fail "needle" cmd...
   local needle=$1; shift
   out=$("$@" 2>&1); rc=$?
   if [ $rc -eq 0 ] || ! grep -qF -- "$needle" <<<"$out"; then
     echo "FAIL (rc=$rc, wanted '$needle'): $*"; echo "$out" | head -5; fails=$((fails+1))
   fi
+}
+# A case that reaches the CUDA backend: in a build without it, the message says so instead.
+expect_cuda_fail() {  # expect_cuda_fail "needle with CUDA" cmd...
+  local needle=$1; shift
+  if [ "$HAS_CUDA" = 1 ]; then expect_fail "$needle" "$@"; else expect_fail "this build has no CUDA backend" "$@"; fi
 }
 mkdir -p $TMP/unk && sed 's/Qwen3ForCausalLM/GPT2LMHeadModel/' $FX/qwen3_tiny/config.json > $TMP/unk/config.json
 cp $FX/qwen3_tiny/model.safetensors $TMP/unk/
@@ -56,7 +62,7 @@ expect_fail "unknown suite" $BIN eval -m $FX/qwen3_tiny --suite longbench -o $TM
 expect_fail "bad entry '4q'" $BIN eval -m $FX/qwen3_tiny --lengths 4q -o $TMP/ev
 expect_fail "exceeds the model's 128-token context" $BIN eval -m $FX/qwen3_tiny --lengths 4k -o $TMP/ev
 # The GPU backend refuses shapes its kernels do not run, and says when there is no device (CI has none).
-expect_fail "head_dim 32 is not supported" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --device cuda
+expect_cuda_fail "head_dim 32 is not supported" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --device cuda
 expect_fail "--device" $BIN bench --device tpu
 $BIN bench -c 128,256 --modes full,ssa -r 1 --plot $TMP/bench >/dev/null 2>&1 && [ -s $TMP/bench_prefill.svg ] &&
   [ "$(grep -c 'class="series"' $TMP/bench_attention.svg)" -eq 2 ] && [ ! -e $TMP/bench_decode.svg ] ||
@@ -76,17 +82,17 @@ expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
 expect_fail "--attn-kernel" $BIN bench --device cuda --attn-kernel fastest
 expect_fail "--device" $BIN train-router -m $FX/qwen3_tiny --device tpu
 expect_fail "leaves no room for the answer" $BIN train-router -m $FX/qwen3_tiny --max-len 256 --builtin-len 100,250
-expect_fail "head_dim 32 is not supported" $BIN train-router -m $FX/qwen3_tiny --device cuda --steps 1 --batch 1 \
+expect_cuda_fail "head_dim 32 is not supported" $BIN train-router -m $FX/qwen3_tiny --device cuda --steps 1 --batch 1 \
   --max-len 64 --builtin-samples 2 --sink 0 --local 32 --block 64 -o $TMP/r.safetensors --log $TMP/t.jsonl
-expect_fail "head_dim 32 is not supported" $BIN eval -m $FX/qwen3_tiny --device cuda --lengths 100 --samples 1 \
+expect_cuda_fail "head_dim 32 is not supported" $BIN eval -m $FX/qwen3_tiny --device cuda --lengths 100 --samples 1 \
   --methods full --tasks niah_single_2 -o $TMP/evg
 expect_fail "--parallel must be 1" $BIN serve -m $FX/qwen3_tiny --device cuda --parallel 4
-expect_fail "head_dim 32 is not supported" $BIN serve -m $FX/qwen3_tiny --device cuda
+expect_cuda_fail "head_dim 32 is not supported" $BIN serve -m $FX/qwen3_tiny --device cuda
 expect_fail "--gpus needs --device cuda" $BIN train-router -m $FX/qwen3_tiny --gpus 2
 expect_fail "ELASTIC_RANK='x' is not a rank number" env ELASTIC_RANK=x $BIN train-router -m $FX/qwen3_tiny --gpus 2 --device cuda
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi >/dev/null 2>&1; then
-  expect_fail "no CUDA device" $BIN bench --device cuda --shape qwen3-0.6b --layers 1 -c 128
-  expect_fail "--gpus 2 but this machine has 0 CUDA device(s)" $BIN train-router -m $FX/qwen3_tiny --gpus 2 --device cuda
+  expect_cuda_fail "no CUDA device" $BIN bench --device cuda --shape qwen3-0.6b --layers 1 -c 128
+  expect_cuda_fail "--gpus 2 but this machine has 0 CUDA device(s)" $BIN train-router -m $FX/qwen3_tiny --gpus 2 --device cuda
 fi
 rm -rf $TMP
 [ $fails -eq 0 ] && echo "all CLI error cases passed"

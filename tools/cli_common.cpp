@@ -80,4 +80,9 @@ std::function<std::string(const std::string&)> model_chat_format(const std::stri
   return [ct](const std::string& user) { return ct.apply({{"user", user}}, true); };
 }
 
+void no_cuda_backend(const char* cmd, const char* flag) {
+  throw std::runtime_error(std::string(cmd) + ": this build has no CUDA backend (" + flag +
+                           "); rebuild with the CUDA toolkit installed (cmake -DELASTIC_CUDA=ON)");
+}
+
 }  // namespace elastic::cli

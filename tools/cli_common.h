@@ -46,5 +46,8 @@ void print_metrics(const RoutingTable& r, const AttentionStats& st);
 std::function<std::string(const std::string&)> model_chat_format(const std::string& model, bool have_tokenizer,
                                                                  bool no_chat, const char* who);
 void set_threads(int t);
+// What every subcommand says when given a CUDA flag (`flag`: "--device cuda", "--gpus") in a build without the CUDA
+// backend (configured with ELASTIC_CUDA=OFF, or where CMake found no nvcc).
+[[noreturn]] void no_cuda_backend(const char* cmd, const char* flag = "--device cuda");
 
 }  // namespace elastic::cli

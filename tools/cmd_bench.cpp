@@ -179,7 +179,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       std::fprintf(stderr, "bench: attention kernel %s\n", o->attn_kernel.c_str());
     }
 #ifndef ELASTIC_HAVE_CUDA
-    if (gpu) throw std::runtime_error("bench: this build has no CUDA backend (--device cuda)");
+    if (gpu) no_cuda_backend("bench");
 #endif
     Model m;
     std::string name;

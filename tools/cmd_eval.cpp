@@ -145,7 +145,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
       std::fprintf(stderr, "%s\n", gpu->plan().describe().c_str());
       eo.backend = cuda::gpu_sequence_backend(*gpu);
 #else
-      throw std::runtime_error("eval: this build has no CUDA backend (--device cuda)");
+      no_cuda_backend("eval");
 #endif
     }
     EvalSummary s = run_eval(m, t.get(), methods, eo);

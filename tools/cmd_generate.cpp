@@ -74,7 +74,7 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
       out = cuda::generate(*g, prompt, o->n, m.router ? nullptr : &m.routing, m.router.get(), sp, !o->ignore_eos, &st,
                            stream);
 #else
-      throw std::runtime_error("generate: this build has no CUDA backend (--device cuda)");
+      no_cuda_backend("generate");
 #endif
     } else {
       out = generate(m, prompt, o->n, o->ctx, sp, !o->ignore_eos, &st, stream, o->chunk);

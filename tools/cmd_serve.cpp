@@ -47,7 +47,7 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     if (gpu && parallel_opt->count() && o->parallel != 1)
       throw std::runtime_error("serve: --device cuda runs one request at a time; --parallel must be 1");
 #ifndef ELASTIC_HAVE_CUDA
-    if (gpu) throw std::runtime_error("serve: this build has no CUDA backend (--device cuda)");
+    if (gpu) no_cuda_backend("serve");
 #endif
     Model m = Model::load(o->model);
     if (!o->router.empty() && (!o->routing.empty() || !o->mode.empty()))

@@ -80,7 +80,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
           throw std::runtime_error("train-router: --gpus " + std::to_string(o->gpus) + " but this machine has " +
                                    std::to_string(have) + " CUDA device(s)");
 #else
-        throw std::runtime_error("train-router: this build has no CUDA backend (--gpus)");
+        no_cuda_backend("train-router", "--gpus");
 #endif
         std::fprintf(stderr, "train-router: launching %d ranks (one per GPU)\n", o->gpus);
         launch_ranks(o->gpus);
@@ -127,7 +127,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       runner = cuda::gpu_step_runner_factory(*gpu, to.max_len, rank == 0);
       if (o->gpus > 1) comm = cuda::nccl_communicator(rank, o->gpus, env.rendezvous);
 #else
-      throw std::runtime_error("train-router: this build has no CUDA backend (--device cuda)");
+      no_cuda_backend("train-router");
 #endif
     }
     std::unique_ptr<Tokenizer> tok;
