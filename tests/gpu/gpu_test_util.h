@@ -25,6 +25,11 @@
   SCOPED_TRACE("random seed " + std::to_string(rng##_seed)); \
   std::mt19937 rng(rng##_seed)
 
+// A fresh 64-bit seed named `seed` (for make_model and a test's own generators), printed with any failure.
+#define TRACED_SEED(seed)                              \
+  const uint64_t seed = std::random_device{}();        \
+  SCOPED_TRACE("random seed " + std::to_string(seed))
+
 namespace elastic::gpu_test {
 
 inline uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)

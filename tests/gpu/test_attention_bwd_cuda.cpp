@@ -65,7 +65,7 @@ double rel_err(const std::vector<float>& got, const std::vector<float>& base, co
 
 void run_bwd_case(const Case& c) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  std::mt19937 rng(std::random_device{}());
+  SEEDED_RNG(rng);
   const int T = c.T, hd = c.hd, B = c.block, nb = (T + B - 1) / B, group = c.Hq / c.Hkv;
   const size_t nq = size_t(T) * c.Hq * hd, nkv = size_t(T) * c.Hkv * hd;
   std::vector<uint16_t> q, k, v, dout;

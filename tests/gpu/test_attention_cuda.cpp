@@ -56,7 +56,7 @@ const char* kernel_name(cuda::AttnKernel k) {
 // inputs (outputs poisoned before every launch) and compares out and lse.
 void run_prefill_case_with(const Case& c, std::initializer_list<cuda::AttnKernel> kernels) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  std::mt19937 rng(std::random_device{}());
+  SEEDED_RNG(rng);
   const int n_pos = c.pos0 + c.T, hd = c.hd, B = c.block, nb = (n_pos + B - 1) / B, group = c.Hq / c.Hkv;
   auto q = random_bf16(size_t(c.T) * c.Hq * hd, rng, c.q_sd);
   auto k = random_bf16(size_t(n_pos) * c.Hkv * hd, rng, 1.f);
@@ -367,7 +367,7 @@ TEST(CudaHybridAttention, UnknownKernelInEnvironmentIsAnError) {
 // GPU estimation vs xattn_select: block masses and selected masks, then attention with the GPU lists.
 TEST(CudaXAttnEstimate, MatchesCpuSelection) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  std::mt19937 rng(std::random_device{}());
+  SEEDED_RNG(rng);
   // Both kernels; shapes with G * B/S = 8 and 16 reshaped rows per KV head (the tensor-core kernel's one row tile).
   struct XCase { int Hq, Hkv, B; };
   // The tensor-core kernel also in its two-pass form (forced here; Auto takes it past ~128K tokens).
@@ -471,7 +471,7 @@ TEST(CudaXAttnEstimate, RejectsUnalignedChunk) {
 // Decode with per-head caches: full heads hold every position, streaming heads sink slots + a ring.
 TEST(CudaDecodeAttention, RingCacheMatchesCpu) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  std::mt19937 rng(std::random_device{}());
+  SEEDED_RNG(rng);
   struct DCase { int n_pos, Hq, Hkv, hd, B, sink, local; std::vector<HeadMode> modes; };
   for (const DCase& c : {DCase{1000, 8, 2, 128, 64, 64, 128, {F, S}}, DCase{777, 4, 4, 64, 128, 100, 300, {S, X, F, S}},
                          DCase{5000, 32, 8, 128, 64, 128, 2048, {S, S, F, S, X, S, S, F}},
@@ -578,7 +578,7 @@ TEST(CudaDecodeAttention, MaxKeptBoundsEachMode) {
 // A max_kept whose grid misses some of a head's positions: the output is NaN, not a sum over fewer positions.
 TEST(CudaDecodeAttention, TooSmallMaxKeptGivesNaN) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  std::mt19937 rng(std::random_device{}());
+  SEEDED_RNG(rng);
   const int Hq = 4, Hkv = 2, hd = 64, B = 64, n_pos = 2000;
   std::vector<uint16_t> kc = random_bf16(size_t(n_pos) * hd * Hkv, rng, 1.f), vc = random_bf16(kc.size(), rng, 1.f);
   Dev<uint16_t> dk(kc), dv(vc), dq(random_bf16(size_t(Hq) * hd, rng, 1.f)), dout(size_t(Hq) * hd);

@@ -162,7 +162,7 @@ std::vector<uint16_t> run_host_path(DecodeParams p, int n_pos, DevBuf<uint16_t>&
 void run_config_with(const Config& c, elastic::cuda::DecodeCombine combine, elastic::cuda::DecodeLoads loads,
                      int split = 0) {
   if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  std::mt19937 rng(std::random_device{}());
+  SEEDED_RNG(rng);
   const Caches cs = make_caches(c, rng);
   elastic::cuda::validate_decode_heads(cs.heads.data(), c.Hkv, c.B);
   const auto q = random_bf16(size_t(c.Hq) * c.hd, rng, 1.f);

@@ -173,7 +173,7 @@ void check_shape(elastic::cuda::Gemm& g, const Shape& s, std::mt19937& rng, cuda
 
 TEST(CudaGemm, MatchesCpuReference) {
   if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  std::mt19937 rng(std::random_device{}());
+  SEEDED_RNG(rng);
   cudaStream_t stream = nullptr;
   ELASTIC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
@@ -189,7 +189,7 @@ TEST(CudaGemm, MatchesCpuReference) {
 // Odd sizes (no dimension a multiple of 8) and the default stream.
 TEST(CudaGemm, OddShapesDefaultStream) {
   if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  std::mt19937 rng(std::random_device{}());
+  SEEDED_RNG(rng);
   elastic::cuda::Gemm g(4u << 20);
   EXPECT_EQ(g.workspace_bytes(), size_t(4u << 20));
   check_shape(g, Shape{3, 77, 33}, rng, nullptr);
@@ -213,7 +213,7 @@ TEST(CudaGemm, RejectsBadShapes) {
 // The activation-gradient form dX[M, K] (+)= dY[M, N] W[N, K] (no transpose of W), fp32 out, beta 0 and 1.
 TEST(CudaGemm, BackwardDxMatchesCpuReference) {
   if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  std::mt19937 rng(std::random_device{}());
+  SEEDED_RNG(rng);
   elastic::cuda::Gemm g;
   for (const Shape& s : {Shape{300, 1152, 576}, Shape{37, 77, 33}, Shape{1000, 4096, 2560}}) {
     const int M = s.M, N = s.N, K = s.K;

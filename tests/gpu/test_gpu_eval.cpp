@@ -18,8 +18,7 @@ namespace {
 
 TEST(GpuEval, SequenceBackendMatchesCpuSamples) {
   SKIP_WITHOUT_GPU();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  TRACED_SEED(seed);
   Model m = gpu_test::make_model(false, seed);
   cuda::GpuOptions o;
   o.max_ctx = 1024;

@@ -98,8 +98,7 @@ class GpuModelTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(GpuModelTest, PrefillLogitsMatchCpuFullAndHybrid) {
   SKIP_WITHOUT_GPU();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  TRACED_SEED(seed);
   Model m = make_model(GetParam(), seed);
   std::mt19937_64 rng(seed);
   cuda::GpuOptions o;
@@ -128,8 +127,7 @@ TEST_P(GpuModelTest, PrefillLogitsMatchCpuFullAndHybrid) {
 
 TEST_P(GpuModelTest, DecodeStepsMatchCpuWithAndWithoutGraphs) {
   SKIP_WITHOUT_GPU();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  TRACED_SEED(seed);
   Model m = make_model(GetParam(), seed);
   std::mt19937_64 rng(seed);
   cuda::GpuOptions o;
@@ -160,8 +158,7 @@ TEST_P(GpuModelTest, DecodeStepsMatchCpuWithAndWithoutGraphs) {
 
 TEST_P(GpuModelTest, RouterDecidesLikeCpu) {
   SKIP_WITHOUT_GPU();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  TRACED_SEED(seed);
   Model m = make_model(GetParam(), seed);
   std::mt19937_64 rng(seed);
   RouterSpec spec;

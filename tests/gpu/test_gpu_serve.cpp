@@ -24,8 +24,7 @@ namespace {
 
 TEST(GpuServe, RequestsRunOnTheGpuModel) {
   SKIP_WITHOUT_GPU();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  TRACED_SEED(seed);
   Model m = gpu_test::make_model(false, seed);
   m.config.eos_ids.clear();  // every request runs to max_tokens
   RoutingTable r = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);

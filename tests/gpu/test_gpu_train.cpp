@@ -62,8 +62,7 @@ class GpuTrainStep : public ::testing::TestWithParam<Case> {};
 TEST_P(GpuTrainStep, MatchesCpuStep) {
   SKIP_WITHOUT_GPU();
   const Case k = GetParam();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  TRACED_SEED(seed);
   Model m = gpu_test::make_model(k.llama, seed);
   const RouterSpec spec = spec_for(m, k.xattn, k.sigmoid);
   // Router weights scaled up so that its logits move with the pooled keys (an initial router's are near zero).
@@ -126,8 +125,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, GpuTrainStep,
 // train_router on both devices: the same batches, gates and schedules, step by step.
 TEST(GpuTrainRouter, MatchesCpuTrainerStepByStep) {
   SKIP_WITHOUT_GPU();
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  TRACED_SEED(seed);
   Model m = gpu_test::make_model(false, seed);
   std::mt19937_64 rng(seed);
   std::vector<TrainExample> data;
