@@ -10,10 +10,14 @@ expect_fail() {  # expect_fail "needle" cmd...
     echo "FAIL (rc=$rc, wanted '$needle'): $*"; echo "$out" | head -5; fails=$((fails+1))
   fi
 }
-# A case that reaches the CUDA backend: in a build without it, the message says so instead.
+# A case that reaches the CUDA backend: in a build without it, the message says so instead, naming the flag
+# (--gpus when given, else --device cuda).
 expect_cuda_fail() {  # expect_cuda_fail "needle with CUDA" cmd...
   local needle=$1; shift
-  if [ "$HAS_CUDA" = 1 ]; then expect_fail "$needle" "$@"; else expect_fail "this build has no CUDA backend" "$@"; fi
+  if [ "$HAS_CUDA" = 1 ]; then expect_fail "$needle" "$@"; return; fi
+  local flag="--device cuda"
+  case " $* " in *" --gpus "*) flag="--gpus" ;; esac
+  expect_fail "this build has no CUDA backend ($flag)" "$@"
 }
 mkdir -p $TMP/unk && sed 's/Qwen3ForCausalLM/GPT2LMHeadModel/' $FX/qwen3_tiny/config.json > $TMP/unk/config.json
 cp $FX/qwen3_tiny/model.safetensors $TMP/unk/

@@ -6,8 +6,8 @@
 // on the dense causal count 4 * hd * Hq * T(T+1)/2. Then the decode kernel: one query token per head against
 // all-full caches (T positions) and all-streaming ring caches (sink + window), time per layer and the K/V bytes it
 // reads per second. Usage: bench_attention_gpu [--decode | --kernels | --paired] [T ...] (default 8K..128K; --decode:
-// the decode table only; --kernels: all-full / all-streaming rows of every wgmma variant; --paired: only the paired
-// SA-cost table, all-full and all-streaming layers timed in alternation).
+// the decode table only; --kernels: all-full / all-streaming rows of every wgmma variant, then the paired table;
+// --paired: only the paired SA-cost table, all-full and all-streaming layers timed in alternation).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -284,34 +284,34 @@ int main(int argc, char** argv) {
       for (int kb = 0; kb <= qb; ++kb) blocks_full += 1, blocks_ssa += elastic::streaming_keeps(qb, kb, sp);
     const double block_share = blocks_ssa / blocks_full;
     auto paired_rows = [&](double full_pairs, double ssa_pairs) {
-    for (const AttnKernel k : {AttnKernel::Auto, AttnKernel::Wgmma}) {
-      KVHeadMeta* df = upload_meta(std::vector<KVHeadMeta>(Hkv, mf));
-      KVHeadMeta* ds = upload_meta(std::vector<KVHeadMeta>(Hkv, ms));
-      HybridAttnParams pf = base(df), ps = base(ds);
-      pf.kernel = ps.kernel = k;
-      const int rounds = T >= 65536 ? 9 : 21;
-      std::vector<double> ratio, tf, ts;
-      for (int r = 0; r < rounds; ++r) {
-        double a = 0, b = 0;
-        if (r % 2 == 0) {
-          a = timer.median_ms([&] { hybrid_attention_fwd(pf, nullptr); }, 3);
-          b = timer.median_ms([&] { hybrid_attention_fwd(ps, nullptr); }, 3);
-        } else {
-          b = timer.median_ms([&] { hybrid_attention_fwd(ps, nullptr); }, 3);
-          a = timer.median_ms([&] { hybrid_attention_fwd(pf, nullptr); }, 3);
+      for (const AttnKernel k : {AttnKernel::Auto, AttnKernel::Wgmma}) {
+        KVHeadMeta* df = upload_meta(std::vector<KVHeadMeta>(Hkv, mf));
+        KVHeadMeta* ds = upload_meta(std::vector<KVHeadMeta>(Hkv, ms));
+        HybridAttnParams pf = base(df), ps = base(ds);
+        pf.kernel = ps.kernel = k;
+        const int rounds = T >= 65536 ? 9 : 21;
+        std::vector<double> ratio, tf, ts;
+        for (int r = 0; r < rounds; ++r) {
+          double a = 0, b = 0;
+          if (r % 2 == 0) {
+            a = timer.median_ms([&] { hybrid_attention_fwd(pf, nullptr); }, 3);
+            b = timer.median_ms([&] { hybrid_attention_fwd(ps, nullptr); }, 3);
+          } else {
+            b = timer.median_ms([&] { hybrid_attention_fwd(ps, nullptr); }, 3);
+            a = timer.median_ms([&] { hybrid_attention_fwd(pf, nullptr); }, 3);
+          }
+          tf.push_back(a), ts.push_back(b), ratio.push_back(b / a / (ssa_pairs / full_pairs));
         }
-        tf.push_back(a), ts.push_back(b), ratio.push_back(b / a / (ssa_pairs / full_pairs));
+        for (auto* v : {&ratio, &tf, &ts}) std::sort(v->begin(), v->end());
+        char line[256];
+        const double pair_share = ssa_pairs / full_pairs, med = ratio[rounds / 2];
+        std::snprintf(line, sizeof line, "| %d | %s | %d | %.3f | %.3f | %.4f | %.3f | %.3f | %.3f | %.4f | %.3f |", T,
+                      k == AttnKernel::Auto ? "Auto" : "wgmma v4", rounds, tf[rounds / 2], ts[rounds / 2], pair_share,
+                      med, ratio.front(), ratio.back(), block_share, med * pair_share / block_share);
+        paired.emplace_back(line);
+        ELASTIC_CUDA_CHECK(cudaFree(df));
+        ELASTIC_CUDA_CHECK(cudaFree(ds));
       }
-      for (auto* v : {&ratio, &tf, &ts}) std::sort(v->begin(), v->end());
-      char line[256];
-      const double pair_share = ssa_pairs / full_pairs, med = ratio[rounds / 2];
-      std::snprintf(line, sizeof line, "| %d | %s | %d | %.3f | %.3f | %.4f | %.3f | %.3f | %.3f | %.4f | %.3f |", T,
-                    k == AttnKernel::Auto ? "Auto" : "wgmma v4", rounds, tf[rounds / 2], ts[rounds / 2], pair_share,
-                    med, ratio.front(), ratio.back(), block_share, med * pair_share / block_share);
-      paired.emplace_back(line);
-      ELASTIC_CUDA_CHECK(cudaFree(df));
-      ELASTIC_CUDA_CHECK(cudaFree(ds));
-    }
     };
     if (paired_only) {
       paired_rows(uniform_pairs(mf), uniform_pairs(ms));

@@ -149,7 +149,7 @@ struct DecodeParams {
   // An upper bound on the positions any head of this layer attends (decode_max_kept of the host head table), or 0
   // for none. The grid then covers that many positions instead of n_pos (max_pos): a layer of streaming heads at
   // 128K launches the CTAs of its sink and window, not of 128K. A bound whose grid (whole splits) misses some of a
-  // head's kept positions makes the output NaN (never a silently truncated sum).
+  // KV head's kept positions makes that KV head's query-head outputs NaN (never a silently truncated sum).
   int max_kept = 0;
 };
 // The largest number of positions any of these heads attends at up to n_pos positions: n_pos when a head is full
@@ -162,8 +162,8 @@ void validate_decode_heads(const DecodeKVHead* host_heads, int n_kv_heads, int b
 // choice fits (about 34 MB at 32 query heads, hd 128 and 128K positions).
 int64_t decode_workspace_floats(int n_heads, int head_dim, int n_pos);
 void decode_attention(const DecodeParams& p, cudaStream_t stream);
-// The split (positions per CTA) decode_attention(p) runs: p.split, or what Auto picks for p's grid on the current
-// device. Throws std::invalid_argument on a bad ELASTIC_DECODE_SPLIT.
+// The split (positions per CTA) decode_attention(p) runs, for a p it accepts: p.split, or what Auto picks for p's
+// grid on the current device. Throws std::invalid_argument on a bad ELASTIC_DECODE_SPLIT.
 int decode_split(const DecodeParams& p);
 // What DecodeLoads::Auto / DecodeCombine::Auto / split 0 resolve to under the current environment: "loads direct,
 // merge parallel, split by grid (...)" or, with ELASTIC_DECODE_SPLIT, "split 64". Throws std::invalid_argument on a

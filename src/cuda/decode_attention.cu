@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -71,13 +72,14 @@ __global__ void __launch_bounds__(kThreads)
   const Kept kp = kept_positions(hk, valid ? n_pos : 1, B);
   const int i0 = split * chunk, n = valid ? max(0, min(chunk, kp.n - i0)) : 0;
   // A grid cut short by DecodeParams::max_kept that misses some of this head's positions (a caller's bound too
-  // small): the last split poisons its partial's sum, so the merge writes NaN rather than a silently wrong output.
+  // small): the last split (then a full one, n == chunk) poisons its partial's sum, so the merge writes NaN for this
+  // KV head's query heads rather than a silently wrong output.
   const bool short_grid = valid && split == static_cast<int>(gridDim.y) - 1 && kp.n > static_cast<int>(gridDim.y) * chunk;
   if (n == 0) {  // nothing to attend in this split (uniform per CTA): only the empty-partial marker is read
     if (tid < G) {
       float* w = ws + (static_cast<size_t>(split) * Hq + kvh * G + tid) * (HD + 2);
-      w[HD] = short_grid ? 0.f : -INFINITY;
-      w[HD + 1] = short_grid ? NAN : 0.f;
+      w[HD] = -INFINITY;
+      w[HD + 1] = 0.f;
     }
     return;
   }
@@ -317,9 +319,15 @@ int split_for(int split, int grid_pos, int n_kv_heads) {
   static constexpr Choice<int> kSplits[] = {{"64", 64}, {"128", 128}, {"256", 256}};
   const int env = env_choice("ELASTIC_DECODE_SPLIT", kSplits, 0);
   if (env != 0 || grid_pos <= 0) return env;
-  int dev = 0, sms = 0;
+  // SM count per device, queried once (an eager decode step launches this per layer).
+  static std::atomic<int> sm_count[64] = {};
+  int dev = 0;
   ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
-  ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  int sms = dev >= 0 && dev < 64 ? sm_count[dev].load(std::memory_order_relaxed) : 0;
+  if (sms == 0) {
+    ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    if (dev >= 0 && dev < 64) sm_count[dev].store(sms, std::memory_order_relaxed);
+  }
   for (const int c : {256, 128})
     if (int64_t(n_kv_heads) * ((grid_pos + c - 1) / c) >= 4 * int64_t(sms)) return c;
   return 64;
@@ -394,7 +402,8 @@ int decode_max_kept(const DecodeKVHead* hh, int n_kv_heads, int block, int n_pos
   int most = 0;
   for (int h = 0; h < n_kv_heads; ++h) {
     // A streaming head keeps at most its sink blocks and `local_blocks` blocks ending at the query's block.
-    const int64_t keep = hh[h].mode == 1 ? int64_t(hh[h].sink_blocks + hh[h].local_blocks) * block : n_pos;
+    const int64_t keep =
+        hh[h].mode == 1 ? (int64_t(hh[h].sink_blocks) + hh[h].local_blocks) * block : int64_t(n_pos);
     most = std::max(most, static_cast<int>(std::min<int64_t>(keep, n_pos)));
   }
   return most;

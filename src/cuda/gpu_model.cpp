@@ -339,9 +339,9 @@ int32_t GpuModel::decode(int32_t id, std::vector<float>* logits_out) {
   cudaStream_t st = m.stream;
   if (m.length + 1 > m.decode_grid_pos) {  // outgrown (or first step): a wider grid, and a graph captured for it
     m.drop_graph();
-    int grid = 256;
+    int64_t grid = 256;
     while (grid < m.length + 1) grid *= 2;
-    m.decode_grid_pos = std::min(grid, m.o.max_ctx);
+    m.decode_grid_pos = static_cast<int>(std::min<int64_t>(grid, m.o.max_ctx));
   }
   m.h_io = {id, 0, m.length, m.length + 1};
   ELASTIC_CUDA_CHECK(cudaMemcpyAsync(m.d_io.ptr, m.h_io.data(), 16, cudaMemcpyHostToDevice, st));

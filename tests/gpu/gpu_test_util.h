@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -19,18 +20,24 @@
 #define SKIP_WITHOUT_GPU() \
   if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
-// A fresh std::mt19937 seed per test, printed with any failure.
+// A fresh seed per test, printed with any failure; ELASTIC_TEST_SEED=<n> replays one (std::random_device gives 32
+// bits, so a printed seed is always a valid value for the variable).
 #define SEEDED_RNG(rng)                                      \
-  const unsigned rng##_seed = std::random_device{}();        \
+  const unsigned rng##_seed = elastic::gpu_test::test_seed(); \
   SCOPED_TRACE("random seed " + std::to_string(rng##_seed)); \
   std::mt19937 rng(rng##_seed)
 
-// A fresh 64-bit seed named `seed` (for make_model and a test's own generators), printed with any failure.
-#define TRACED_SEED(seed)                              \
-  const uint64_t seed = std::random_device{}();        \
+// The same as a uint64_t named `seed` (for make_model and a test's own 64-bit generators).
+#define TRACED_SEED(seed)                                          \
+  const uint64_t seed = elastic::gpu_test::test_seed();            \
   SCOPED_TRACE("random seed " + std::to_string(seed))
 
 namespace elastic::gpu_test {
+
+inline unsigned test_seed() {
+  if (const char* e = std::getenv("ELASTIC_TEST_SEED"); e && *e) return static_cast<unsigned>(std::strtoul(e, nullptr, 10));
+  return std::random_device{}();
+}
 
 inline uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
   uint32_t u;

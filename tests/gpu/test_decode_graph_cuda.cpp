@@ -1,7 +1,9 @@
 // GPU tests (label gpu): decode attention with the position read from device memory (DecodeParams::n_pos_dev),
-// as CUDA-graph replay needs it. The device-n_pos path must give bit-identical outputs to the host-n_pos path:
-// live splits run the same kernel code on the same inputs, and the extra splits of the max_pos-sized grid only
-// write empty partials (max -inf) that the merge skips without changing its max or its summation order. A small
+// as CUDA-graph replay needs it. At the same split the device-n_pos path must give bit-identical outputs to the
+// host-n_pos path: live splits run the same kernel code on the same inputs, and the extra splits of the
+// max_pos-sized grid only write empty partials (max -inf) that the merge skips without changing its max or its
+// summation order. (Auto picks the split from the grid, which differs between the two paths, so every form here
+// names its split.) A small
 // double CPU reference guards against both paths being wrong together. Outputs are poisoned with NaN before every
 // launch and every replay.
 #include <cuda_runtime.h>
@@ -160,7 +162,7 @@ std::vector<uint16_t> run_host_path(DecodeParams p, int n_pos, DevBuf<uint16_t>&
 }
 
 void run_config_with(const Config& c, elastic::cuda::DecodeCombine combine, elastic::cuda::DecodeLoads loads,
-                     int split = 0) {
+                     int split, bool bounded = false) {
   if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   SEEDED_RNG(rng);
   const Caches cs = make_caches(c, rng);
@@ -179,6 +181,8 @@ void run_config_with(const Config& c, elastic::cuda::DecodeCombine combine, elas
   DecodeParams base;
   base.q = dq.p, base.heads = dheads.p, base.n_heads = c.Hq, base.n_kv_heads = c.Hkv, base.head_dim = c.hd;
   base.block = c.B, base.workspace = ws.p, base.combine = combine, base.loads = loads, base.split = split;
+  // Bounded: both grids cover at most what the heads keep (the device path's max_pos grid shrinks the most).
+  if (bounded) base.max_kept = elastic::cuda::decode_max_kept(cs.heads.data(), c.Hkv, c.B, c.max_pos);
   DecodeParams pd = base;  // device-n_pos path
   pd.out = out_dev.p, pd.n_pos_dev = dpos.p, pd.max_pos = c.max_pos;
   pd.n_pos = -7;  // ignored when n_pos_dev is set
@@ -241,21 +245,26 @@ void run_config_with(const Config& c, elastic::cuda::DecodeCombine combine, elas
   ELASTIC_CUDA_CHECK(cudaFreeHost(hpos));
 }
 
-// Direct loads with the serial merge, staged loads with the parallel merge, and direct / parallel with 64-position
-// splits: each must be bit-identical between its host path, device path and replays.
+// Direct loads with the serial merge at split 256, staged loads with the parallel merge at 128, direct / parallel
+// at 64, and direct / parallel at 64 over the kept bound (DecodeParams::max_kept): each must be bit-identical
+// between its host path, device path and replays.
 void run_config(const Config& c) {
   using elastic::cuda::DecodeCombine, elastic::cuda::DecodeLoads;
   {
-    SCOPED_TRACE("direct loads, serial merge");
-    run_config_with(c, DecodeCombine::Serial, DecodeLoads::Direct);
+    SCOPED_TRACE("direct loads, serial merge, split 256");
+    run_config_with(c, DecodeCombine::Serial, DecodeLoads::Direct, 256);
   }
   {
-    SCOPED_TRACE("staged loads, parallel merge");
-    run_config_with(c, DecodeCombine::Parallel, DecodeLoads::Staged);
+    SCOPED_TRACE("staged loads, parallel merge, split 128");
+    run_config_with(c, DecodeCombine::Parallel, DecodeLoads::Staged, 128);
   }
   {
     SCOPED_TRACE("direct loads, parallel merge, split 64");
     run_config_with(c, DecodeCombine::Parallel, DecodeLoads::Direct, 64);
+  }
+  {
+    SCOPED_TRACE("direct loads, parallel merge, split 64, grid over the kept bound");
+    run_config_with(c, DecodeCombine::Parallel, DecodeLoads::Direct, 64, true);
   }
 }
 
@@ -268,6 +277,10 @@ TEST(CudaDecodeGraph, MixedHeadsHd128Block64) {
 
 // The head_dim 64 kernel, block 128, group 1 (sink 128, ring 128).
 TEST(CudaDecodeGraph, MixedHeadsHd64Block128Group1) { run_config({4, 4, 64, 128, 2048, 1, 1, {1, 0, 1, 2}}); }
+
+// Every head streaming (sink 64 + ring 128): the kept bound is 192 positions, so the bounded form's grids cover 3
+// splits of 64 whatever max_pos, while n_pos runs to 2048 through the ring.
+TEST(CudaDecodeGraph, AllStreamingBoundedGrid) { run_config({8, 4, 128, 64, 2048, 1, 2, {1, 1, 1, 1}}); }
 
 TEST(CudaDecodeGraph, RejectsMissingMaxPos) {
   // Validation happens before any launch, so this runs without a GPU (the pointers are never dereferenced).

@@ -139,7 +139,9 @@ TEST_P(GpuModelTest, DecodeStepsMatchCpuWithAndWithoutGraphs) {
   // 500 + 16 positions: the decode grid (a power of two) grows from 512 to 1024 positions at step 12, so the graph
   // is captured twice.
   const auto ids = random_ids(500, m.config.vocab, rng), next = random_ids(16, m.config.vocab, rng);
-  const RoutingTable r = mixed(m.config, true);
+  RoutingTable r = mixed(m.config, true);
+  // Layer 0 all streaming: its decode grid covers only the kept bound (DecodeParams::max_kept, 192 positions).
+  for (int h = 0; h < m.config.n_kv_heads; ++h) r.mode[h] = HeadMode::Streaming;
   KVCache cache;
   cpu_prefill(m, ids, r, 256, cache, 1024);
   g_graph->prefill(ids.data(), int(ids.size()), &r, nullptr, nullptr, false);
