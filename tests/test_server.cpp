@@ -367,10 +367,7 @@ class ServerHttp : public ::testing::Test {
     tok_ = nullptr;
     dir_ = nullptr;
   }
-  httplib::Client client() const {
-    httplib::Client c = client_of(srv_->port());
-    return c;
-  }
+  httplib::Client client() const { return client_of(srv_->port()); }
   // What the engine alone produces for this prompt with greedy sampling (EOS text not included).
   // Invalid UTF-8 (a token may end mid-character) is replaced as the server's JSON writer does.
   static std::string reference(const std::vector<int32_t>& prompt, int n) {
@@ -743,6 +740,20 @@ TEST(ServerLimits, ModelRouterDecidesAtPrefill) {
   fs::remove_all(dir);
 }
 
+namespace {
+// Server options for a backend-served test server: one slot, the CPU model behind the SequenceBackend interface with
+// `context` positions (prefill chunks of 64), any free port.
+ServerOptions backend_options(std::shared_ptr<const Model> m, int context) {
+  ServerOptions o;
+  o.port = 0;
+  o.max_context = context;
+  o.threads = 1;
+  o.max_slots = 1;
+  o.backend = cpu_sequence_backend(std::move(m), context, 64);
+  return o;
+}
+}  // namespace
+
 // A SequenceBackend (what `serve --device cuda` uses) serves requests one at a time: here the CPU model behind that
 // interface, so CI runs the backend path; the answers equal the batched CPU path's (greedy), a router still decides
 // per request, and the limits of the backend are checked when the server starts.
@@ -751,13 +762,7 @@ TEST(ServerBackend, CpuBackendAnswersLikeTheBatchedPath) {
   Model m = Model::load(dir);
   const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
   auto shared = std::make_shared<const Model>(m);
-  ServerOptions o;
-  o.port = 0;
-  o.max_context = 256;
-  o.threads = 1;
-  o.max_slots = 1;
-  o.backend = cpu_sequence_backend(shared, 256, 64);
-  Server srv(std::move(m), dir, o);
+  Server srv(std::move(m), dir, backend_options(shared, 256));
   srv.start();
   httplib::Client c = client_of(srv.port());
   const std::vector<int32_t> ids = tok.encode("Once upon a time");
@@ -798,12 +803,7 @@ TEST(ServerBackend, RouterDecidesOnTheBackendAndLimitsAreChecked) {
   Model m = Model::load(dir);
   m.router = std::make_shared<AllStreamingRouter>();
   auto shared = std::make_shared<const Model>(m);
-  ServerOptions o;
-  o.port = 0;
-  o.max_context = 512;
-  o.threads = 1;
-  o.max_slots = 1;
-  o.backend = cpu_sequence_backend(shared, 512, 64);
+  const ServerOptions o = backend_options(shared, 512);
   {
     ServerOptions bad = o;
     bad.max_slots = 4;

@@ -11,6 +11,7 @@ void check(int err, const char* what, const char* file, int line);
 
 int device_count();           // 0 when no driver or GPU
 std::string device_name(int device);
+int sm_count();               // SMs of the current device (queried once per device; for grid sizing)
 
 // y[rows, n] = w[n] * x * rsqrt(mean(x^2) + eps), bf16 in/out, fp32 math. Device pointers, async on stream 0.
 void rmsnorm_bf16(const uint16_t* x, const uint16_t* w, uint16_t* y, int rows, int n, float eps);

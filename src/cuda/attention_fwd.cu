@@ -1,6 +1,6 @@
 // Fused block-sparse (hybrid) attention forward, one launch per layer for all heads. Two kernels compute the same
 // function: "Simple" (below, any GQA group) and "Wgmma" (further down, Hopper-only, even GQA groups, with its
-// variants: no pingpong, intra-warpgroup overlap, persistent); Auto picks Wgmma (v4) when it applies, and
+// variants: no pingpong, intra-warpgroup overlap, persistent); Auto picks the overlap variant when it applies, and
 // ELASTIC_ATTN_KERNEL / ELASTIC_ATTN_OPTS override that (hybrid_attention_fwd at the end of the file).
 //
 // Kernel "Simple" (FlashAttention-2 style, sm_80+ instructions, built for sm_90a):
@@ -812,12 +812,7 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
   // Persistent: one CTA per SM (the kernel's shared memory allows one), never more than the work items; with
   // kOptStaticItems ceil(items / 2) CTAs, each taking at most two.
   if (kPersistent) {
-    static int n_sm = 0;
-    if (n_sm == 0) {
-      int dev = 0;
-      ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
-      ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    }
+    const int n_sm = sm_count();
     const int n_items = n_qtiles * (p.n_heads / 2);
     grid = dim3((opts & kOptStaticItems) ? (n_items + 1) / 2 : std::min(n_items, n_sm), 1);
   }

@@ -16,7 +16,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -319,15 +318,7 @@ int split_for(int split, int grid_pos, int n_kv_heads) {
   static constexpr Choice<int> kSplits[] = {{"64", 64}, {"128", 128}, {"256", 256}};
   const int env = env_choice("ELASTIC_DECODE_SPLIT", kSplits, 0);
   if (env != 0 || grid_pos <= 0) return env;
-  // SM count per device, queried once (an eager decode step launches this per layer).
-  static std::atomic<int> sm_count[64] = {};
-  int dev = 0;
-  ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
-  int sms = dev >= 0 && dev < 64 ? sm_count[dev].load(std::memory_order_relaxed) : 0;
-  if (sms == 0) {
-    ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    if (dev >= 0 && dev < 64) sm_count[dev].store(sms, std::memory_order_relaxed);
-  }
+  const int sms = sm_count();  // cached per device: an eager decode step launches this per layer
   for (const int c : {256, 128})
     if (int64_t(n_kv_heads) * ((grid_pos + c - 1) / c) >= 4 * int64_t(sms)) return c;
   return 64;

@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -16,6 +17,18 @@ void check(int err, const char* what, const char* file, int line) {
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+int sm_count() {
+  static std::atomic<int> cached[64] = {};
+  int dev = 0;
+  ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
+  int n = dev >= 0 && dev < 64 ? cached[dev].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
+    ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    if (dev >= 0 && dev < 64) cached[dev].store(n, std::memory_order_relaxed);
+  }
   return n;
 }
 

@@ -64,7 +64,6 @@ void GpuModel::Impl::allocate_layer_caches(int l, const HeadMode* modes, const S
     dh[h].local_blocks = m.local_blocks;
   }
   validate_decode_heads(dh.data(), Hkv, s.block);
-  if (dec_max_kept.size() != size_t(c.n_layers)) dec_max_kept.assign(c.n_layers, 0);
   dec_max_kept[l] = decode_max_kept(dh.data(), Hkv, s.block, o.max_ctx);
   const size_t off = size_t(l) * Hkv;
   ELASTIC_CUDA_CHECK(cudaMemcpyAsync(k_ptrs.as<void*>() + off, kp.data(), Hkv * sizeof(void*), cudaMemcpyHostToDevice, stream));

@@ -128,6 +128,7 @@ void GpuModel::Impl::init_common() {
   sink_slots.alloc(nh * 4);
   ring_slots.alloc(nh * 4);
   dec_heads.alloc(nh * sizeof(DecodeKVHead));
+  dec_max_kept.assign(c.n_layers, 0);
   caches.resize(nh);
   routing = RoutingTable::all_full(c.n_layers, Hkv);
 
