@@ -26,8 +26,12 @@ class Tokenizer {
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
 
-  // Special/added tokens are split out first and map to their ids; no template is applied.
-  std::vector<int32_t> encode(std::string_view text) const;
+  // How added/special tokens written in the text are read. Parse: "<|im_start|>" in the text becomes its control
+  // id (what a chat template's own markers need). AsText: the same characters are tokenized as ordinary text, as
+  // llama-server and vLLM do for user content by default, so a user cannot open a system turn by typing a marker.
+  enum class Special { Parse, AsText };
+  // Special/added tokens are split out first (Special::Parse) and map to their ids; no template is applied.
+  std::vector<int32_t> encode(std::string_view text, Special special = Special::Parse) const;
   std::string decode(const std::vector<int32_t>& ids) const;
   std::string token_text(int32_t id) const;  // decoded bytes of a single id
   int32_t vocab_size() const;                // max id + 1 over vocab and added tokens

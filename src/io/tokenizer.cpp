@@ -679,7 +679,7 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& path) {
   return Tokenizer(std::move(impl));
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, Special special) const {
   const Impl& t = *impl_;
   std::vector<int32_t> out;
   if (text.empty()) return out;
@@ -707,7 +707,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
 
   size_t seg = 0, i = 0;
   const size_t n = text.size();
-  if (t.added.empty()) {
+  if (t.added.empty() || special == Special::AsText) {
     t.encode_segment(text, out, md, mctx);
     return out;
   }
