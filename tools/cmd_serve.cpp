@@ -1,5 +1,7 @@
 // elastic serve: the OpenAI-compatible HTTP server (see docs/SERVER.md).
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "cli_common.h"
@@ -11,12 +13,39 @@
 
 namespace elastic::cli {
 
+namespace {
+
+// A number in (lo, hi] (or [lo, hi] when lo_closed). CLI11's Range / PositiveNumber let nan through (every comparison
+// with nan is false) and take inf; a budget of 1e30 MiB would overflow the byte count.
+CLI::Validator finite_in(double lo, double hi, bool lo_closed = false) {
+  char desc[96];
+  std::snprintf(desc, sizeof desc, "NUMBER in %s%.12g, %.12g]", lo_closed ? "[" : "(", lo, hi);
+  return CLI::Validator(
+      [lo, hi, lo_closed](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != '\0') return "'" + v + "' is not a number";
+        if (!std::isfinite(x)) return "'" + v + "' is not a finite number";
+        if (x > hi || x < lo || (!lo_closed && x == lo)) {
+          char buf[128];
+          std::snprintf(buf, sizeof buf, "%s is outside %s%.12g, %.12g]", v.c_str(), lo_closed ? "[" : "(", lo, hi);
+          return buf;
+        }
+        return "";
+      },
+      desc);
+}
+
+}  // namespace
+
 void add_serve_command(CLI::App& app, Commands& cmds) {
   struct Opts {
     std::string model, host = "127.0.0.1", tok, routing, mode, name, router, device = "cpu";
     int port = 8080, ctx = 0, threads = 0, parallel = 4;
     double kv_mib = 1024, body_mib = 1;
-    bool quiet = false;
+    int max_conns = ServerOptions{}.max_connections;
+    double header_s = ServerOptions{}.header_timeout_s, body_s = ServerOptions{}.body_timeout_s;
+    bool quiet = false, special_in_content = false;
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with per-request routing");
@@ -24,12 +53,22 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--host", o->host, "Address to listen on");
   sub->add_option("--port", o->port, "Port (0 = any free port)")->check(CLI::Range(0, 65535));
   sub->add_option("-c,--ctx-size", o->ctx, "Max prompt + max_tokens per request (default: the model's)")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("-t,--threads", o->threads, "CPU threads of the engine")->check(CLI::NonNegativeNumber);
-  sub->add_option("--parallel", o->parallel, "Requests decoded together (slots)")->check(CLI::PositiveNumber);
+      ->check(CLI::Range(0, 1 << 24));
+  sub->add_option("-t,--threads", o->threads, "CPU threads of the engine")->check(CLI::Range(0, 1024));
+  sub->add_option("--parallel", o->parallel, "Requests decoded together (slots)")->check(CLI::Range(1, 1024));
   sub->add_option("--kv-budget-mib", o->kv_mib, "KV-cache memory of all running requests, MiB")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--max-body-mib", o->body_mib, "Largest request body, MiB")->check(CLI::PositiveNumber);
+      ->check(finite_in(0, 1 << 24));
+  sub->add_option("--max-body-mib", o->body_mib, "Largest request body (chunked ones included), MiB")
+      ->check(finite_in(0, double(kServerMaxBodyBytes >> 20)));
+  sub->add_option("--max-connections", o->max_conns,
+                  "Open client connections; at the cap the one waiting longest for its request is closed")
+      ->check(CLI::Range(1, kServerMaxConnections));
+  sub->add_option("--header-timeout", o->header_s, "Seconds for a request's whole head to arrive (else 408)")
+      ->check(finite_in(0, kServerMaxTimeoutSeconds));
+  sub->add_option("--body-timeout", o->body_s, "Seconds for a request's whole body to arrive after its head (else 408)")
+      ->check(finite_in(0, kServerMaxTimeoutSeconds));
+  sub->add_flag("--allow-special-in-content", o->special_in_content,
+                "Chat: special-token text in message content becomes control tokens (default: plain text)");
   sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's)");
   sub->add_option("--name", o->name, "Model id in the API (default: the model folder's name)");
   sub->add_option("--routing", o->routing, "Routing JSON: mode per layer per KV head plus sparse settings");
@@ -59,8 +98,12 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     so.port = o->port;
     so.model_name = o->name;
     so.max_slots = o->parallel;
-    so.kv_budget_bytes = static_cast<size_t>(o->kv_mib * 1048576.0);
-    so.max_body_bytes = static_cast<size_t>(o->body_mib * 1048576.0);
+    so.kv_budget_bytes = std::max<size_t>(1, static_cast<size_t>(o->kv_mib * 1048576.0));
+    so.max_body_bytes = std::max<size_t>(64, static_cast<size_t>(o->body_mib * 1048576.0));
+    so.max_connections = o->max_conns;
+    so.header_timeout_s = o->header_s;
+    so.body_timeout_s = o->body_s;
+    so.allow_special_in_content = o->special_in_content;
     so.max_context = o->ctx;
     so.threads = o->threads;
     so.tokenizer_path = o->tok;

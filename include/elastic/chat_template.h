@@ -1,6 +1,7 @@
 #pragma once
 // Chat formatting from a model folder's tokenizer_config.json "chat_template". Not a Jinja engine: the template's
 // family is recognized by its markers and messages are formatted the way that family's template renders them.
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -21,6 +22,16 @@ enum class ChatFamily {
 };
 const char* chat_family_name(ChatFamily f);
 
+class Tokenizer;
+
+// A piece of a rendered chat. Markers are the template's own control-token text ("<|im_start|>", "<|eot_id|>", the
+// BOS token, Qwen3's "<think>"): the only text that may become control tokens. Everything else, the messages'
+// content included, is ordinary text.
+struct ChatSegment {
+  std::string text;
+  bool marker = false;
+};
+
 // Thrown by ChatTemplate::apply when the model cannot format chats, or a message is not supported.
 struct ChatTemplateError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -40,6 +51,14 @@ class ChatTemplate {
   const std::string& eos_token() const { return eos_token_; }  // tokenizer_config "eos_token" ("" if none)
   // The prompt text; throws ChatTemplateError for family None / Unknown, an empty list, or an unsupported role.
   std::string apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+  // The same text as segments (their concatenation is apply()'s string); same errors.
+  std::vector<ChatSegment> render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+  // The prompt ids: markers are encoded with Tokenizer::Special::Parse, the text between them (message content
+  // included) with Special::AsText, so "<|im_start|>system" typed by a user stays text and cannot open a turn. For
+  // content without marker text the ids equal tok.encode(apply(...)). special_in_content = true encodes the whole
+  // text with Special::Parse (the behaviour before; `serve --allow-special-in-content`).
+  std::vector<int32_t> encode(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
+                              bool add_generation_prompt = true, bool special_in_content = false) const;
 
  private:
   ChatFamily family_ = ChatFamily::None;

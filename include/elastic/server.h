@@ -14,19 +14,34 @@
 
 namespace elastic {
 
+// Bounds of the options below, checked when the server is built (and by `serve`'s flags).
+constexpr size_t kServerMaxBodyBytes = size_t(1) << 30;
+// httplib handles a request on a socket past FD_SETSIZE (1024) with select(), i.e. not at all: more connections
+// than that could not be answered anyway.
+constexpr int kServerMaxConnections = 1000;
+constexpr double kServerMaxTimeoutSeconds = 3600;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                 // 0 = any free port (see Server::port)
   std::string model_name;          // "id" in /v1/models and responses; default: the model folder's name
   int max_slots = 4;               // requests decoding at once; more wait in a FIFO queue
   size_t kv_budget_bytes = size_t(1) << 30;  // KV-cache bytes of all running requests together
-  size_t max_body_bytes = size_t(1) << 20;   // larger request bodies get 413
+  size_t max_body_bytes = size_t(1) << 20;   // larger request bodies get 413, chunked ones included
+  // Open client connections (idle keep-alive, request arriving, being answered). At the cap a new connection closes
+  // the one that has waited longest for its request; slow or silent clients never hold an HTTP worker.
+  int max_connections = 512;
+  double header_timeout_s = 10;  // a request's whole head (request line + headers) within this, else 408
+  double body_timeout_s = 30;    // its whole body within this after the head, else 408
+  // Chat: special-token text in message content (e.g. "<|im_start|>") becomes control tokens, as before; by
+  // default it is tokenized as text, so a user cannot open a system turn.
+  bool allow_special_in_content = false;
   int max_context = 0;             // prompt + max_tokens per request; 0 = the model's max_position_embeddings
   // Routing of one request from its prompt ids. Empty: the model's PromptRouter (Model::router) decides in prefill
   // when the model has one, else every request uses the model's routing (Model::routing).
   std::function<RoutingTable(const std::vector<int32_t>& prompt)> route;
   int threads = 0;                 // OpenMP threads of the engine; 0 = the runtime default
-  int http_threads = 0;            // HTTP worker threads; 0 = max_slots + 16
+  int http_threads = 0;            // HTTP workers for POST requests; 0 = max_slots + 16 (GETs have 2 of their own)
   std::string tokenizer_path;      // default: <model_dir>/tokenizer.json (text endpoints need one)
   bool log_requests = false;       // one line per request to stderr
   // When set, requests run on this backend (e.g. the GPU model, `serve --device cuda`) one at a time instead of on

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "elastic/json_file.h"
+#include "elastic/tokenizer.h"
 #include "io/trim.h"
 
 namespace elastic {
@@ -55,8 +56,23 @@ void check_roles(const std::vector<ChatMessage>& msgs) {
                               "' is not supported (expected system, user or assistant)");
 }
 
-std::string im(const std::string& role, const std::string& content) {
-  return "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+// Appends rendered pieces, merging neighbours of the same kind.
+struct Out {
+  std::vector<ChatSegment> segs;
+  void add(const std::string& text, bool marker) {
+    if (text.empty()) return;
+    if (!segs.empty() && segs.back().marker == marker) segs.back().text += text;
+    else segs.push_back({text, marker});
+  }
+  void text(const std::string& t) { add(t, false); }
+  void mark(const std::string& t) { add(t, true); }
+};
+
+void im(Out& o, const std::string& role, const std::string& content) {
+  o.mark("<|im_start|>");
+  o.text(role + "\n" + content);
+  o.mark("<|im_end|>");
+  o.text("\n");
 }
 
 }  // namespace
@@ -131,6 +147,24 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
 }
 
 std::string ChatTemplate::apply(const std::vector<ChatMessage>& msgs, bool gen) const {
+  std::string out;
+  for (const ChatSegment& s : render(msgs, gen)) out += s.text;
+  return out;
+}
+
+std::vector<int32_t> ChatTemplate::encode(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool gen,
+                                          bool special_in_content) const {
+  if (special_in_content) return tok.encode(apply(msgs, gen), Tokenizer::Special::Parse);
+  std::vector<int32_t> ids;
+  for (const ChatSegment& s : render(msgs, gen)) {
+    const std::vector<int32_t> part =
+        tok.encode(s.text, s.marker ? Tokenizer::Special::Parse : Tokenizer::Special::AsText);
+    ids.insert(ids.end(), part.begin(), part.end());
+  }
+  return ids;
+}
+
+std::vector<ChatSegment> ChatTemplate::render(const std::vector<ChatMessage>& msgs, bool gen) const {
   if (family_ == ChatFamily::None)
     throw ChatTemplateError("the model has no chat template (no \"chat_template\" in " + source_ +
                             "/tokenizer_config.json); use /v1/completions");
@@ -139,11 +173,14 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& msgs, bool gen) 
                             ": the chat template is not one this server can render (supported: ChatML / Qwen, "
                             "Llama-3); use /v1/completions");
   check_roles(msgs);
-  std::string out;
+  Out out;
   if (family_ == ChatFamily::ChatML) {
-    if (msgs[0].role != "system" && !default_system_.empty()) out += im("system", default_system_);
-    for (const ChatMessage& m : msgs) out += im(m.role, m.content);
-    if (gen) out += "<|im_start|>assistant\n";
+    if (msgs[0].role != "system" && !default_system_.empty()) im(out, "system", default_system_);
+    for (const ChatMessage& m : msgs) im(out, m.role, m.content);
+    if (gen) {
+      out.mark("<|im_start|>");
+      out.text("assistant\n");
+    }
   } else if (family_ == ChatFamily::Qwen3) {
     // Assistant turns after the last user turn keep their reasoning (the last one always gets a <think> block);
     // earlier ones are rendered with the reasoning cut off.
@@ -156,7 +193,7 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& msgs, bool gen) 
     for (size_t i = 0; i < msgs.size(); ++i) {
       const ChatMessage& m = msgs[i];
       if (m.role != "assistant") {
-        out += im(m.role, m.content);
+        im(out, m.role, m.content);
         continue;
       }
       std::string content = m.content, reasoning;
@@ -167,18 +204,32 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& msgs, bool gen) 
         reasoning = lstrip(before, "\n");
       }
       const bool last = i + 1 == msgs.size();
-      if (static_cast<int>(i) > last_query && (last || !reasoning.empty()))
-        out += "<|im_start|>assistant\n<think>\n" + trim(reasoning, "\n") + "\n</think>\n\n" + lstrip(content, "\n");
-      else
-        out += "<|im_start|>assistant\n" + content;
-      out += "<|im_end|>\n";
+      out.mark("<|im_start|>");
+      if (static_cast<int>(i) > last_query && (last || !reasoning.empty())) {
+        out.text("assistant\n");
+        out.mark("<think>");
+        out.text("\n" + trim(reasoning, "\n") + "\n");
+        out.mark("</think>");
+        out.text("\n\n" + lstrip(content, "\n"));
+      } else {
+        out.text("assistant\n" + content);
+      }
+      out.mark("<|im_end|>");
+      out.text("\n");
     }
-    if (gen) out += "<|im_start|>assistant\n";
+    if (gen) {
+      out.mark("<|im_start|>");
+      out.text("assistant\n");
+    }
   } else {  // Llama3
-    auto turn = [](const std::string& role, const std::string& content) {
-      return "<|start_header_id|>" + role + "<|end_header_id|>\n\n" + trim(content) + "<|eot_id|>";
+    auto turn = [&out](const std::string& role, const std::string& content) {
+      out.mark("<|start_header_id|>");
+      out.text(role);
+      out.mark("<|end_header_id|>");
+      out.text("\n\n" + trim(content));
+      out.mark("<|eot_id|>");
     };
-    out = bos_;
+    out.mark(bos_);
     size_t first = 0;
     if (llama_dated_) {
       // 3.1+: the system turn always exists and carries the knowledge / today dates.
@@ -196,13 +247,21 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& msgs, bool gen) 
         std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
         date = buf;
       }
-      out += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: " + date +
-             "\n\n" + sys + "<|eot_id|>";
+      out.mark("<|start_header_id|>");
+      out.text("system");
+      out.mark("<|end_header_id|>");
+      out.text("\n\nCutting Knowledge Date: December 2023\nToday Date: " + date + "\n\n" + sys);
+      out.mark("<|eot_id|>");
     }
-    for (size_t i = first; i < msgs.size(); ++i) out += turn(msgs[i].role, msgs[i].content);
-    if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    for (size_t i = first; i < msgs.size(); ++i) turn(msgs[i].role, msgs[i].content);
+    if (gen) {
+      out.mark("<|start_header_id|>");
+      out.text("assistant");
+      out.mark("<|end_header_id|>");
+      out.text("\n\n");
+    }
   }
-  return out;
+  return std::move(out.segs);
 }
 
 }  // namespace elastic

@@ -18,10 +18,26 @@ json error_json(const ApiError& e) { return error_json(e.what(), e.type, e.param
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 json parse_json_body(const std::string& body) {
+  // The parser callback tracks the nesting depth (request bodies never need more than a few levels; deeper input is
+  // refused before it is built) and the last object key, so a number that overflows a double (`1e400`) is reported
+  // against its field.
+  std::string last_key;
+  const json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
+    if (depth > kMaxJsonDepth)
+      throw ApiError(400, "request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels", "",
+                     "invalid_json");
+    if (ev == json::parse_event_t::key && parsed.is_string()) last_key = parsed.get<std::string>();
+    return true;
+  };
   json j;
   try {
-    j = json::parse(body);
+    j = json::parse(body, cb);
   } catch (const json::parse_error& e) {
+    throw ApiError(400, std::string("request body is not valid JSON: ") + e.what(), "", "invalid_json");
+  } catch (const json::out_of_range& e) {  // a number outside the double range
+    const std::string field = last_key.empty() ? "" : "'" + last_key + "': ";
+    throw ApiError(400, field + "number out of range (not a finite double): " + e.what(), last_key, "invalid_value");
+  } catch (const json::exception& e) {
     throw ApiError(400, std::string("request body is not valid JSON: ") + e.what(), "", "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, "request body must be a JSON object", "", "invalid_json");
@@ -52,17 +68,33 @@ double number(const json& b, const char* key, double def, double lo, double hi) 
   return x;
 }
 
+// Integer fields compare exactly in their own type: a double cannot tell INT64_MAX from INT64_MAX + 1.
 long long integer(const json& b, const char* key, long long def, long long lo, long long hi) {
   const json* v = get(b, key);
   if (!v) return def;
+  auto out_of_range = [&]() {
+    return ApiError(400, "'" + std::string(key) + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                             "], got " + v->dump(), key, "invalid_value");
+  };
+  if (v->is_number_unsigned()) {
+    const uint64_t u = v->get<uint64_t>();
+    if (hi < 0 || u > static_cast<uint64_t>(hi) || static_cast<long long>(u) < lo) throw out_of_range();
+    return static_cast<long long>(u);
+  }
+  if (v->is_number_integer()) {
+    const long long x = v->get<long long>();
+    if (x < lo || x > hi) throw out_of_range();
+    return x;
+  }
   // 5.0 is accepted as 5; 5.5 is not.
-  if (!v->is_number() || (v->is_number_float() && v->get<double>() != std::floor(v->get<double>())))
-    bad_type(key, "an integer", *v);
+  if (!v->is_number_float()) bad_type(key, "an integer", *v);
   const double x = v->get<double>();
-  if (x < static_cast<double>(lo) || x > static_cast<double>(hi))
-    throw ApiError(400, "'" + std::string(key) + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                            "], got " + v->dump(), key, "invalid_value");
-  return v->is_number_unsigned() ? static_cast<long long>(v->get<uint64_t>()) : v->get<long long>();
+  if (!std::isfinite(x) || x != std::floor(x)) bad_type(key, "an integer", *v);
+  // 2^63 is the first double past INT64_MAX; below it the conversion is exact.
+  if (x < -9.2233720368547758e18 || x >= 9.2233720368547758e18) throw out_of_range();
+  const long long i = static_cast<long long>(x);
+  if (i < lo || i > hi) throw out_of_range();
+  return i;
 }
 
 bool boolean(const json& b, const char* key, bool def) {

@@ -46,6 +46,11 @@ Job::Taken Job::take(std::chrono::milliseconds wait) {
   return t;
 }
 
+bool Job::wait_prefilled(std::chrono::milliseconds wait) {
+  std::unique_lock lk(mu);
+  return cv.wait_for(lk, wait, [&] { return prefilled || done; });
+}
+
 struct Scheduler::Active {
   std::shared_ptr<Job> job;
   KVCache cache;
@@ -96,6 +101,8 @@ void Scheduler::stop() {
     if (!j->done) {
       j->done = true;
       j->error = "server is shutting down";
+      j->error_status = 503;
+      j->error_code = "unavailable";
     }
     j->cv.notify_all();
   }
@@ -171,7 +178,22 @@ bool Scheduler::step_text(Active& a, int32_t id) {
   return false;
 }
 
-void Scheduler::finish(Active& a, const std::string& reason, const std::string& error) {
+// Engine failures by cause: memory that could not be had is the server's temporary state (503, retry later);
+// anything else is a server fault (500). Client mistakes never get here: the HTTP side validated the request.
+void Scheduler::fail(Active& a, std::exception_ptr ep) {
+  try {
+    std::rethrow_exception(ep);
+  } catch (const std::bad_alloc&) {
+    finish(a, "error", "out of memory while running the request", 503, "out_of_memory");
+  } catch (const std::exception& e) {
+    finish(a, "error", e.what());
+  } catch (...) {
+    finish(a, "error", "unknown engine failure");
+  }
+}
+
+void Scheduler::finish(Active& a, const std::string& reason, const std::string& error, int status,
+                       const std::string& code) {
   if (a.finished) return;
   a.finished = true;
   Job& j = *a.job;
@@ -218,6 +240,10 @@ void Scheduler::finish(Active& a, const std::string& reason, const std::string& 
     j.summary = s;
     j.finish_reason = reason;
     j.error = error;
+    if (!error.empty()) {
+      j.error_status = status;
+      j.error_code = code;
+    }
     j.done = true;
     j.cv.notify_all();
   }
@@ -334,8 +360,11 @@ void Scheduler::loop() {
           met_.prefill_s += secs(a.t_first - a.t_admit);
         }
         on_token(a, a.sampler.sample(logits.data(), V));
-      } catch (const std::exception& e) {
-        finish(a, "error", e.what());
+        std::lock_guard g(j.mu);
+        j.prefilled = true;
+        j.cv.notify_all();
+      } catch (...) {
+        fail(a, std::current_exception());
       }
       active_.push_back(std::move(up));
     }
@@ -357,8 +386,8 @@ void Scheduler::loop() {
         for (auto& a : active_) slots.push_back({a->next, &a->cache, &a->job->routing, &a->stats});
         decode_batch(m_, slots, logits);
       }
-    } catch (const std::exception& e) {
-      for (auto& a : active_) finish(*a, "error", e.what());
+    } catch (...) {
+      for (auto& a : active_) fail(*a, std::current_exception());
       active_.clear();
       continue;
     }

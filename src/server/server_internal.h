@@ -53,16 +53,22 @@ struct GenSpec {
   bool ignore_eos = false;
 };
 constexpr int kMaxTokensLimit = 1 << 20;  // larger values are rejected outright
+constexpr int kMaxJsonDepth = 64;         // request bodies nested deeper are refused (they never need more than 4)
 // Throw ApiError(400) naming the field.
 GenSpec parse_completion_request(const json& body);
 GenSpec parse_chat_request(const json& body);
-json parse_json_body(const std::string& body);  // 400 on malformed JSON or a non-object
+// 400 on malformed JSON, a non-object, nesting deeper than kMaxJsonDepth, or a number outside the double range
+// (`1e400`, named by its field).
+json parse_json_body(const std::string& body);
 
 // ---- metrics.cpp
 struct Metrics {
   std::mutex mu;
   uint64_t requests_ok = 0, requests_error = 0, requests_cancelled = 0, requests_waited = 0;
   uint64_t http_4xx = 0, http_5xx = 0;
+  // The connection layer (http_routes.cpp): connections open now, closed at the cap, closed for a late head or body.
+  int connections_open = 0;
+  uint64_t connections_shed = 0, connections_timed_out = 0;
   uint64_t prompt_tokens = 0, generated_tokens = 0;
   uint64_t decode_tokens = 0, decode_steps = 0;  // rows / calls of decode_batch (batching shows as rows > steps)
   double prefill_s = 0, decode_s = 0;
@@ -106,8 +112,11 @@ struct Job {
   std::string pending;  // text produced and not yet taken
   bool done = false;
   bool started = false;  // admitted (has a slot)
+  bool prefilled = false;     // the prompt is prefilled and the first token sampled (or the request ended)
   std::string finish_reason;  // "stop" | "length"
   std::string error;          // engine-side failure (message)
+  int error_status = 500;     // its HTTP status: 503 when out of memory or shutting down, else 500
+  std::string error_code;     // its OpenAI error code
   JobSummary summary;
 
   struct Taken {
@@ -116,6 +125,8 @@ struct Job {
   };
   // Waits up to `wait` for new text or completion and takes what there is.
   Taken take(std::chrono::milliseconds wait);
+  // Waits up to `wait` until the request is prefilled or ended; true when it is.
+  bool wait_prefilled(std::chrono::milliseconds wait);
 };
 
 struct SchedulerOptions {
@@ -140,7 +151,10 @@ class Scheduler {
   struct Active;
   void loop();
   void publish_gauges_locked();
-  void finish(Active& a, const std::string& reason, const std::string& error = "");
+  // An error carries its HTTP status and code (ended with reason "error").
+  void finish(Active& a, const std::string& reason, const std::string& error = "", int status = 500,
+              const std::string& code = "generation_failed");
+  void fail(Active& a, std::exception_ptr e);  // finish with the status the exception maps to
   bool step_text(Active& a, int32_t id);  // appends a token's text; true when a stop string ended the request
 
   const Model& m_;
