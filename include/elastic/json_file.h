@@ -1,12 +1,28 @@
 #pragma once
-// Reads a whole JSON file; errors name the file and say what kind of file it was meant to be.
+// JSON from files we did not write; errors name the file and say what kind of file it was meant to be.
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
 namespace elastic {
 
-// Throws std::runtime_error "<path>: cannot open <what>" or "<path>: malformed JSON: ...".
+// nlohmann::json parses, copies, dumps and destroys nested values recursively, so 100,000 nested '[' overflow the
+// stack. Real files nest a handful of levels (tokenizer.json about 6); every JSON text we read is checked first.
+inline constexpr int kMaxJsonDepth = 128;
+// JSON files are parsed into a tree about 10x their size: a cap well above any tokenizer.json (~10-40 MB).
+inline constexpr uint64_t kMaxJsonFileBytes = 512ULL << 20;
+
+// Throws std::runtime_error "<source>: JSON nested deeper than <max_depth> levels (at byte N)". A scan of the
+// brackets outside strings; it does not validate anything else (the parser does).
+void check_json_depth(std::string_view text, const std::string& source, int max_depth = kMaxJsonDepth);
+
+// check_json_depth, then the parse; a syntax error throws "<source>: malformed JSON: ...".
+nlohmann::json parse_json_text(std::string_view text, const std::string& source);
+
+// Throws std::runtime_error "<path>: cannot open <what>", "<path>: is a directory, ...", "<path>: malformed JSON: ..."
+// or the depth / size limit errors above.
 nlohmann::json read_json_file(const std::string& path, const std::string& what);
 
 }  // namespace elastic

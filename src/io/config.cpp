@@ -1,7 +1,6 @@
 #include "elastic/config.h"
 
-#include <fstream>
-#include <sstream>
+#include <cmath>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -17,15 +16,30 @@ using nlohmann::json;
   throw std::runtime_error(source + ": " + what);
 }
 
-int get_int(const json& j, const char* key, const std::string& src, bool required = true, int dflt = 0) {
+// Upper bounds on the sizes a config gives, far above any released model (Llama-3.1-405B: hidden 16384,
+// intermediate 53248, 126 layers, 128 heads; Gemma 3: vocabulary 262,144): the loader allocates per layer and per
+// token before the checkpoint's shapes can contradict the config, so an absurd value must stop here.
+constexpr long long kMaxWidth = 1 << 20;       // hidden_size, intermediate_size
+constexpr long long kMaxLayers = 4096;         // num_hidden_layers
+constexpr long long kMaxHeads = 4096;          // attention heads, KV heads, head_dim
+constexpr long long kMaxVocab = 1 << 24;       // vocab_size
+constexpr long long kMaxInt = (1LL << 31) - 1;  // positions: only an int
+
+int get_int(const json& j, const char* key, const std::string& src, long long max, bool required = true,
+            int dflt = 0) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
     if (required) fail(src, std::string("missing required field '") + key + "'");
     return dflt;
   }
   if (!it->is_number_integer()) fail(src, std::string("field '") + key + "' must be an integer");
+  // An unsigned number above 2^63 reads as negative through long long: compare it unsigned.
+  if (it->is_number_unsigned() && it->get<unsigned long long>() > static_cast<unsigned long long>(max))
+    fail(src, std::string("field '") + key + "' out of range: " + it->dump() + " (at most " + std::to_string(max) + ")");
   long long v = it->get<long long>();
-  if (v <= 0 || v > (1LL << 31) - 1) fail(src, std::string("field '") + key + "' out of range: " + std::to_string(v));
+  if (v <= 0 || v > max)
+    fail(src, std::string("field '") + key + "' out of range: " + std::to_string(v) + " (1 to " + std::to_string(max) +
+                  ")");
   return static_cast<int>(v);
 }
 
@@ -33,7 +47,19 @@ double get_num(const json& j, const char* key, const std::string& src, double df
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;
   if (!it->is_number()) fail(src, std::string("field '") + key + "' must be a number");
-  return it->get<double>();
+  const double v = it->get<double>();
+  // JSON has no inf, but 1e400 parses as one.
+  if (!std::isfinite(v)) fail(src, std::string("field '") + key + "' must be a finite number, got " + it->dump());
+  return v;
+}
+
+// eos_token_id: one id or a list; an id must be a non-negative int.
+void parse_eos(const json& e, std::vector<int>& ids, const std::string& src) {
+  if (!e.is_number_integer()) return;  // a null or a stray non-integer entry is not an id (as before)
+  if (e.is_number_unsigned() ? e.get<unsigned long long>() > static_cast<unsigned long long>(kMaxInt)
+                             : (e.get<long long>() < 0 || e.get<long long>() > kMaxInt))
+    fail(src, "eos_token_id " + e.dump() + " is out of range (0 to " + std::to_string(kMaxInt) + ")");
+  ids.push_back(static_cast<int>(e.get<long long>()));
 }
 
 bool get_bool(const json& j, const char* key, const std::string& src, bool dflt) {
@@ -54,7 +80,7 @@ void parse_rope_scaling(const json& rs, RopeConfig& rope, const std::string& src
   rope.factor = get_num(rs, "factor", src, 8.0);
   rope.low_freq_factor = get_num(rs, "low_freq_factor", src, 1.0);
   rope.high_freq_factor = get_num(rs, "high_freq_factor", src, 4.0);
-  rope.original_max_positions = get_int(rs, "original_max_position_embeddings", src, false, 8192);
+  rope.original_max_positions = get_int(rs, "original_max_position_embeddings", src, kMaxInt, false, 8192);
   if (rope.factor <= 0 || rope.low_freq_factor <= 0 || rope.high_freq_factor <= rope.low_freq_factor)
     fail(src, "rope_scaling llama3 needs factor > 0 and high_freq_factor > low_freq_factor > 0");
 }
@@ -79,11 +105,11 @@ ModelConfig parse_config(const json& j, const std::string& src) {
   } else {
     fail(src, "unknown architecture '" + arch + "' (supported: Qwen3ForCausalLM, LlamaForCausalLM)");
   }
-  c.hidden = get_int(j, "hidden_size", src);
-  c.n_layers = get_int(j, "num_hidden_layers", src);
-  c.n_heads = get_int(j, "num_attention_heads", src);
-  c.n_kv_heads = get_int(j, "num_key_value_heads", src, false, c.n_heads);
-  c.head_dim = get_int(j, "head_dim", src, false, 0);
+  c.hidden = get_int(j, "hidden_size", src, kMaxWidth);
+  c.n_layers = get_int(j, "num_hidden_layers", src, kMaxLayers);
+  c.n_heads = get_int(j, "num_attention_heads", src, kMaxHeads);
+  c.n_kv_heads = get_int(j, "num_key_value_heads", src, kMaxHeads, false, c.n_heads);
+  c.head_dim = get_int(j, "head_dim", src, kMaxHeads, false, 0);
   if (c.head_dim == 0) {
     if (c.hidden % c.n_heads) fail(src, "hidden_size not divisible by num_attention_heads and no head_dim given");
     c.head_dim = c.hidden / c.n_heads;
@@ -92,10 +118,13 @@ ModelConfig parse_config(const json& j, const std::string& src) {
   if (c.n_heads % c.n_kv_heads)
     fail(src, "num_attention_heads (" + std::to_string(c.n_heads) + ") not a multiple of num_key_value_heads (" +
                   std::to_string(c.n_kv_heads) + ")");
-  c.intermediate = get_int(j, "intermediate_size", src);
-  c.vocab = get_int(j, "vocab_size", src);
-  c.max_positions = get_int(j, "max_position_embeddings", src, false, 32768);
-  c.rms_eps = static_cast<float>(get_num(j, "rms_norm_eps", src, 1e-6));
+  c.intermediate = get_int(j, "intermediate_size", src, kMaxWidth);
+  c.vocab = get_int(j, "vocab_size", src, kMaxVocab);
+  c.max_positions = get_int(j, "max_position_embeddings", src, kMaxInt, false, 32768);
+  const double eps = get_num(j, "rms_norm_eps", src, 1e-6);
+  // Checked before the narrowing to float (a double beyond float's range does not convert); real values are 1e-5.
+  if (!(eps >= 0 && eps <= 1)) fail(src, "rms_norm_eps must be in [0, 1], got " + std::to_string(eps));
+  c.rms_eps = static_cast<float>(eps);
   c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, false);
   c.attention_bias = get_bool(j, "attention_bias", src, false);
   if (get_bool(j, "mlp_bias", src, false)) fail(src, "unsupported field: mlp_bias = true");
@@ -114,10 +143,10 @@ ModelConfig parse_config(const json& j, const std::string& src) {
   if (c.rope.theta <= 0) fail(src, "rope_theta must be positive");
 
   if (auto it = j.find("eos_token_id"); it != j.end()) {
-    if (it->is_number_integer()) c.eos_ids.push_back(it->get<int>());
-    else if (it->is_array())
-      for (auto& e : *it)
-        if (e.is_number_integer()) c.eos_ids.push_back(e.get<int>());
+    if (it->is_array())
+      for (auto& e : *it) parse_eos(e, c.eos_ids, src);
+    else
+      parse_eos(*it, c.eos_ids, src);
   }
   return c;
 }

@@ -248,6 +248,11 @@ File File::open(const std::string& path) {
     ::close(fd);
     f.fail(std::string("cannot stat file: ") + std::strerror(errno));
   }
+  // mmap of a directory or device fails with a bare "No such device"; say what the path is instead.
+  if (S_ISDIR(st.st_mode) || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    f.fail(S_ISDIR(st.st_mode) ? "is a directory, not a GGUF file" : "not a regular file (a GGUF file is memory-mapped)");
+  }
   f.size_ = static_cast<size_t>(st.st_size);
   if (f.size_ < 4) {
     ::close(fd);
@@ -380,6 +385,9 @@ int64_t File::get_int(const std::string& key) const {
   if (!v) fail("missing metadata '" + key + "'");
   if (!v->is_integer() || v->type == ValueType::BOOL)
     fail("metadata '" + key + "' is " + value_type_name(v->type) + ", expected an integer");
+  // A uint64 above 2^63 would come back negative (and a caller's range check would see the wrong number).
+  if (v->type == ValueType::U64 && v->u > static_cast<uint64_t>(INT64_MAX))
+    fail("metadata '" + key + "' = " + std::to_string(v->u) + " is out of range (more than 2^63-1)");
   return v->i;
 }
 

@@ -22,6 +22,15 @@ namespace elastic {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+
+// The format's own limit on the JSON header (the safetensors crate refuses longer ones).
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// More dimensions than any tensor has; keeps a hostile shape from being a long array.
+constexpr size_t kMaxDims = 16;
+
+}  // namespace
+
 const char* dtype_name(DType d) {
   switch (d) {
     case DType::F32: return "F32";
@@ -41,25 +50,36 @@ int64_t TensorView::numel() const {
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY);
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + ")");
+    // A throwing constructor runs no destructor: close the descriptor before every error.
+    auto fail = [&](const std::string& what) {
+      release();
+      throw std::runtime_error(path + ": " + what);
+    };
     struct stat st{};
-    if (fstat(fd_, &st) != 0) throw std::runtime_error(path + ": cannot stat");
+    if (fstat(fd_, &st) != 0) fail(std::string("cannot stat (") + std::strerror(errno) + ")");
+    // mmap of a directory or device fails with a bare "No such device"; say what the path is instead.
+    if (S_ISDIR(st.st_mode)) fail("is a directory, not a safetensors file");
+    if (!S_ISREG(st.st_mode)) fail("not a regular file (a safetensors file is memory-mapped)");
     size_ = static_cast<size_t>(st.st_size);
     if (size_ > 0) {
       void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
-      if (p == MAP_FAILED) throw std::runtime_error(path + ": mmap failed");
+      if (p == MAP_FAILED) fail(std::string("mmap failed (") + std::strerror(errno) + ")");
       data_ = static_cast<const uint8_t*>(p);
     }
   }
-  ~MappedFile() {
-    if (data_) munmap(const_cast<uint8_t*>(data_), size_);
-    if (fd_ >= 0) ::close(fd_);
-  }
+  ~MappedFile() { release(); }
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
 
  private:
+  void release() {
+    if (data_) munmap(const_cast<uint8_t*>(data_), size_);
+    if (fd_ >= 0) ::close(fd_);
+    data_ = nullptr;
+    fd_ = -1;
+  }
   std::string path_;
   int fd_ = -1;
   const uint8_t* data_ = nullptr;
@@ -77,9 +97,14 @@ void SafeTensors::add_file(const std::string& path) {
   uint64_t hlen = 0;
   std::memcpy(&hlen, mf->data(), 8);
   if (hlen > size - 8) throw std::runtime_error(path + ": header length " + std::to_string(hlen) + " exceeds file size " + std::to_string(size));
+  if (hlen > kMaxHeaderBytes)
+    throw std::runtime_error(path + ": header length " + std::to_string(hlen) + " is over the format's limit of " +
+                             std::to_string(kMaxHeaderBytes) + " bytes");
+  const std::string_view header_text(reinterpret_cast<const char*>(mf->data()) + 8, hlen);
+  check_json_depth(header_text, path + ": safetensors header");
   json header;
   try {
-    header = json::parse(mf->data() + 8, mf->data() + 8 + hlen);
+    header = json::parse(header_text);
   } catch (const json::parse_error& e) {
     throw std::runtime_error(path + ": malformed safetensors header JSON: " + e.what());
   }
@@ -109,12 +134,20 @@ void SafeTensors::add_file(const std::string& path) {
     else if (dt == "BF16") t.dtype = DType::BF16;
     else throw std::runtime_error(where + ": unsupported dtype '" + dt + "' (supported: F32, F16, BF16)");
     if (!info["shape"].is_array()) throw std::runtime_error(where + ": shape is not an array");
-    int64_t numel = 1;
+    if (info["shape"].size() > kMaxDims)
+      throw std::runtime_error(where + ": shape has " + std::to_string(info["shape"].size()) + " dimensions, more than " +
+                               std::to_string(kMaxDims));
+    // The element count is checked against the data section below; here it only must not overflow on the way.
+    uint64_t numel = 1;
     for (auto& s : info["shape"]) {
-      if (!s.is_number_unsigned() && !(s.is_number_integer() && s.get<int64_t>() >= 0))
-        throw std::runtime_error(where + ": bad shape entry");
-      t.shape.push_back(s.get<int64_t>());
-      numel *= t.shape.back();
+      if (!s.is_number_integer() || (!s.is_number_unsigned() && s.get<int64_t>() < 0))
+        throw std::runtime_error(where + ": shape entry " + s.dump().substr(0, 40) + " is not a non-negative integer");
+      const uint64_t d = s.get<uint64_t>();
+      if (d > static_cast<uint64_t>(INT64_MAX) || (d != 0 && numel > data_size / d))
+        throw std::runtime_error(where + ": shape entry " + std::to_string(d) + " makes more elements than the " +
+                                 std::to_string(data_size) + "-byte data section holds");
+      t.shape.push_back(static_cast<int64_t>(d));
+      numel *= d;
     }
     auto& off = info["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
@@ -123,7 +156,7 @@ void SafeTensors::add_file(const std::string& path) {
     if (b > e || e > data_size)
       throw std::runtime_error(where + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
                                "] point outside the data section (" + std::to_string(data_size) + " bytes)");
-    if (e - b != static_cast<uint64_t>(numel) * dtype_size(t.dtype))
+    if (e - b != numel * dtype_size(t.dtype))
       throw std::runtime_error(where + ": byte size " + std::to_string(e - b) + " does not match shape and dtype");
     t.data = base + b;
     t.nbytes = e - b;
@@ -153,6 +186,13 @@ SafeTensors SafeTensors::open(const std::string& path) {
     std::set<std::string> shards;
     for (auto& [name, file] : j["weight_map"].items()) {
       if (!file.is_string()) throw std::runtime_error(index.string() + ": weight_map['" + name + "'] is not a file name");
+      // Shards live in the model folder: an index must not point the loader at files elsewhere.
+      const fs::path shard(file.get<std::string>());
+      bool escapes = shard.empty() || shard.is_absolute();
+      for (const auto& part : shard) escapes |= part == "..";
+      if (escapes)
+        throw std::runtime_error(index.string() + ": weight_map['" + name + "'] = '" + shard.string() +
+                                 "' is not a file inside the model folder");
       shards.insert(file.get<std::string>());
     }
     for (auto& s : shards) st.add_file((dir / s).string());

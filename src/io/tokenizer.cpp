@@ -13,15 +13,16 @@
 #include <algorithm>
 #include <array>
 #include <climits>
-#include <fstream>
 #include <mutex>
 #include <queue>
-#include <sstream>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
 
 #include <nlohmann/json.hpp>
+
+#include "elastic/json_file.h"
+#include "elastic/text_file.h"
 
 namespace elastic {
 namespace {
@@ -32,6 +33,30 @@ using nlohmann::json;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw std::runtime_error("tokenizer: " + path + ": " + what);
+}
+
+// Ids index per-id tables (decoded bytes), so an id of 1e9 would allocate gigabytes: the largest vocabularies in
+// use have about 256K tokens (Gemma 3: 262,144).
+constexpr int64_t kMaxTokenId = (1 << 22) - 1;
+// A Sequence of pre-tokenizers or normalizers is read recursively; real files nest one level.
+constexpr int kMaxSequenceDepth = 16;
+// Each regex split is compiled at load and run over every encoded text; real files have one to three.
+constexpr size_t kMaxSplitSteps = 64;
+
+// A JSON value for an error message, cut to a readable length (an entry may hold megabytes).
+std::string brief(const json& j) {
+  std::string s = j.dump();
+  return s.size() > 120 ? s.substr(0, 120) + "..." : s;
+}
+
+// A token id field: an integer in [0, kMaxTokenId]; `what` names the entry.
+int32_t token_id_of(const json& v, const std::string& path, const std::string& what) {
+  if (!v.is_number_integer()) fail(path, what + " is not an integer id");
+  // Unsigned JSON numbers above 2^63 would turn negative as int64: compare them as unsigned.
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(kMaxTokenId)
+                             : (v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxTokenId))
+    fail(path, what + " has id " + v.dump() + ", outside 0.." + std::to_string(kMaxTokenId));
+  return static_cast<int32_t>(v.get<int64_t>());
 }
 
 // ---------------------------------------------------------------- UTF-8 helpers
@@ -271,6 +296,8 @@ struct Tokenizer::Impl {
   }
 
   void add_split(const std::string& pattern, bool literal, Behavior beh, bool invert) {
+    if (splits.size() >= kMaxSplitSteps)
+      fail(path, "pre_tokenizer has more than " + std::to_string(kMaxSplitSteps) + " splitting steps");
     int err = 0;
     PCRE2_SIZE off = 0;
     uint32_t flags = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
@@ -279,21 +306,23 @@ struct Tokenizer::Impl {
     if (!code) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
-      fail(path, "cannot compile pre-tokenizer regex '" + pattern + "' at offset " +
+      fail(path, "cannot compile pre-tokenizer regex '" + pattern.substr(0, 200) + "' at offset " +
                      std::to_string(off) + ": " + reinterpret_cast<char*>(msg));
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter on failure
     splits.push_back({code, beh, invert});
   }
 
-  void parse_pre_tokenizer(const json& pt) {
+  void parse_pre_tokenizer(const json& pt, int depth = 0) {
     if (pt.is_null()) return;
     if (!pt.is_object()) fail(path, "pre_tokenizer must be an object or null");
     std::string type = pt.value("type", std::string());
     if (type == "Sequence") {
+      if (depth >= kMaxSequenceDepth)
+        fail(path, "pre_tokenizer Sequences nested deeper than " + std::to_string(kMaxSequenceDepth) + " levels");
       auto it = pt.find("pretokenizers");
       if (it == pt.end() || !it->is_array()) fail(path, "Sequence pre_tokenizer without 'pretokenizers' array");
-      for (const auto& p : *it) parse_pre_tokenizer(p);
+      for (const auto& p : *it) parse_pre_tokenizer(p, depth + 1);
     } else if (type == "Split") {
       auto pat = pt.find("pattern");
       if (pat == pt.end() || !pat->is_object()) fail(path, "Split pre_tokenizer without 'pattern'");
@@ -327,13 +356,19 @@ struct Tokenizer::Impl {
     }
   }
 
-  void parse_normalizer(const json& n) {
+  void parse_normalizer(const json& n, int depth = 0) {
     if (n.is_null()) return;
+    if (!n.is_object()) fail(path, "normalizer must be an object or null");
     std::string type = n.value("type", std::string());
-    if (type == "NFC") use_nfc = true;
-    else if (type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array())
-      for (const auto& x : n["normalizers"]) parse_normalizer(x);
-    else fail(path, "unsupported normalizer type '" + type + "'");
+    if (type == "NFC") {
+      use_nfc = true;
+    } else if (type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
+      if (depth >= kMaxSequenceDepth)
+        fail(path, "normalizer Sequences nested deeper than " + std::to_string(kMaxSequenceDepth) + " levels");
+      for (const auto& x : n["normalizers"]) parse_normalizer(x, depth + 1);
+    } else {
+      fail(path, "unsupported normalizer type '" + type + "'");
+    }
   }
 
   // ---- encoding
@@ -553,18 +588,26 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, "cannot open file");
-  // A GGUF model file carries its tokenizer: `--tokenizer model.gguf` works like a tokenizer.json.
-  char magic[4] = {};
-  if (f.read(magic, 4) && std::string_view(magic, 4) == "GGUF") return from_gguf(path);
-  f.clear();
-  f.seekg(0);
-  std::stringstream ss;
-  ss << f.rdbuf();
+  std::string text;
+  bool gguf = false;
+  try {
+    InputFile f(path, "tokenizer file");
+    // A GGUF model file carries its tokenizer: `--tokenizer model.gguf` works like a tokenizer.json.
+    char magic[4] = {};
+    const size_t got = f.read_some(magic, 4);
+    gguf = got == 4 && std::string_view(magic, 4) == "GGUF";
+    if (!gguf) {
+      text.assign(magic, got);
+      text += f.read_rest(kMaxJsonFileBytes - got);
+      check_json_depth(text, path);
+    }
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("tokenizer: ") + e.what());
+  }
+  if (gguf) return from_gguf(path);
   json j;
   try {
-    j = json::parse(ss.str());
+    j = json::parse(text);
   } catch (const json::exception& e) {
     fail(path, std::string("invalid JSON: ") + e.what());
   }
@@ -589,11 +632,9 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& path) {
     int32_t max_id = -1;
     t.vocab.reserve(vit->size() * 2);
     for (auto it = vit->begin(); it != vit->end(); ++it) {
-      if (!it.value().is_number_integer()) fail(path, "vocab entry '" + it.key() + "' is not an integer id");
-      long long id = it.value().get<long long>();
-      if (id < 0 || id > INT32_MAX - 1) fail(path, "vocab id out of range for '" + it.key() + "'");
-      t.vocab[it.key()] = static_cast<int32_t>(id);
-      max_id = std::max<int32_t>(max_id, static_cast<int32_t>(id));
+      const int32_t id = token_id_of(it.value(), path, "vocab entry '" + it.key().substr(0, 64) + "'");
+      t.vocab[it.key()] = id;
+      max_id = std::max(max_id, id);
     }
     t.ignore_merges = model.value("ignore_merges", false);
     if (auto u = model.find("unk_token"); u != model.end() && u->is_string()) {
@@ -617,7 +658,7 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& path) {
         a = m[0].get<std::string>();
         b = m[1].get<std::string>();
       } else {
-        fail(path, "bad merges entry #" + std::to_string(rank) + ": " + m.dump());
+        fail(path, "bad merges entry #" + std::to_string(rank) + ": " + brief(m));
       }
       auto ia = t.vocab.find(a), ib = t.vocab.find(b), im = t.vocab.find(a + b);
       if (ia == t.vocab.end() || ib == t.vocab.end() || im == t.vocab.end())
@@ -631,9 +672,8 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& path) {
       for (const auto& a : *at) {
         if (!a.is_object() || !a.contains("content") || !a.contains("id") || !a["content"].is_string() ||
             !a["id"].is_number_integer())
-          fail(path, "bad added_tokens entry: " + a.dump());
-        AddedToken tok{a["content"].get<std::string>(), a["id"].get<int32_t>()};
-        if (tok.id < 0) fail(path, "negative added token id: " + a.dump());
+          fail(path, "bad added_tokens entry: " + brief(a));
+        AddedToken tok{a["content"].get<std::string>(), token_id_of(a["id"], path, "added token " + brief(a))};
         if (tok.content.empty()) continue;
         max_id = std::max(max_id, tok.id);
         t.added_ids[tok.content] = tok.id;

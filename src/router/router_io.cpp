@@ -1,8 +1,11 @@
 // Router files: safetensors, one F32 tensor per linear per layer, and metadata describing what it routes.
+#include <climits>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/generate.h"
+#include "elastic/json_file.h"
 #include "elastic/router.h"
 #include "elastic/safetensors.h"
 #include "router/router_mlp.h"
@@ -23,17 +26,38 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> layer_tensors(int l, i
           {p + "router.fc3.bias", {C}}};
 }
 
-int meta_int(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
+// A metadata value quoted in an error, cut to a readable length.
+std::string quoted(const std::string& v) { return "'" + (v.size() > 64 ? v.substr(0, 64) + "..." : v) + "'"; }
+
+// An integer metadata value in [lo, hi]; the error names the file, the key and the range.
+int meta_int(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path, int lo,
+             int hi) {
   auto it = m.find(key);
   if (it == m.end()) throw std::runtime_error(path + ": router metadata lacks '" + key + "'");
+  long long v = 0;
   try {
     size_t used = 0;
-    int v = std::stoi(it->second, &used);
+    v = std::stoll(it->second, &used);
     if (used != it->second.size()) throw std::invalid_argument("trailing");
-    return v;
-  } catch (const std::exception&) {
-    throw std::runtime_error(path + ": router metadata '" + key + "' is not an integer: '" + it->second + "'");
+  } catch (const std::exception&) {  // stoll's own errors say only "stoll"
+    throw std::runtime_error(path + ": router metadata '" + key + "' is not an integer: " + quoted(it->second));
   }
+  if (v < lo || v > hi)
+    throw std::runtime_error(path + ": router metadata '" + key + "' = " + std::to_string(v) + " is out of range (" +
+                             std::to_string(lo) + " to " + std::to_string(hi) + ")");
+  return static_cast<int>(v);
+}
+
+// An integer field of the metadata's JSON in [lo, hi] (get<int> would wrap 2^32 + 5 to 5).
+int json_int(const nlohmann::json& j, const std::string& key, const std::string& path, int lo, int hi) {
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number_integer())
+    throw std::runtime_error(path + ": router metadata field '" + key + "' is not an integer");
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
+                             : (v.get<int64_t>() < lo || v.get<int64_t>() > hi))
+    throw std::runtime_error(path + ": router metadata field '" + key + "' = " + v.dump() + " is out of range (" +
+                             std::to_string(lo) + " to " + std::to_string(hi) + ")");
+  return static_cast<int>(v.get<int64_t>());
 }
 
 std::string meta_str(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
@@ -86,26 +110,34 @@ Router Router::load(const std::string& path, const ModelConfig& model) {
                              kVersion);
   Router r;
   RouterSpec& s = r.spec;
-  s.n_layers = meta_int(m, "n_layers", path);
-  s.n_kv_heads = meta_int(m, "n_kv_heads", path);
-  s.head_dim = meta_int(m, "head_dim", path);
-  s.pool_first = meta_int(m, "pool_first", path);
-  s.pool_last = meta_int(m, "pool_last", path);
+  // Sizes match the model below; windows and sparse settings are token counts, at most the engine's context.
+  s.n_layers = meta_int(m, "n_layers", path, 1, INT_MAX);
+  s.n_kv_heads = meta_int(m, "n_kv_heads", path, 1, INT_MAX);
+  s.head_dim = meta_int(m, "head_dim", path, 1, INT_MAX);
+  s.pool_first = meta_int(m, "pool_first", path, 0, kMaxContext);
+  s.pool_last = meta_int(m, "pool_last", path, 0, kMaxContext);
   s.base_model = meta_str(m, "base_model", path);
   const std::string gate = meta_str(m, "gate", path);
   if (gate != "softmax" && gate != "sigmoid") throw std::runtime_error(path + ": unknown router gate '" + gate + "'");
   s.sigmoid = gate == "sigmoid";
   try {
     s.sparse_mode = parse_head_mode(meta_str(m, "sparse_mode", path));
-    auto sp = nlohmann::json::parse(meta_str(m, "sparse", path));
-    s.sparse.block = sp.at("block_size").get<int>();
-    s.sparse.sink = sp.at("sink").get<int>();
-    s.sparse.local = sp.at("local").get<int>();
-    s.sparse.xattn.stride = sp.at("xattn").at("stride").get<int>();
-    s.sparse.xattn.tau = sp.at("xattn").at("tau").get<float>();
+    const nlohmann::json sp = parse_json_text(meta_str(m, "sparse", path), path + ": router metadata 'sparse'");
+    s.sparse.block = json_int(sp, "block_size", path, 1, kMaxContext);
+    s.sparse.sink = json_int(sp, "sink", path, 0, kMaxContext);
+    s.sparse.local = json_int(sp, "local", path, 0, kMaxContext);
+    s.sparse.xattn.stride = json_int(sp.at("xattn"), "stride", path, 1, kMaxContext);
+    const double tau = sp.at("xattn").at("tau").get<double>();
+    // Checked as a double: narrowing one beyond float's range is undefined; validate_sparse checks (0, 1].
+    if (!(tau > 0 && tau <= 1)) throw std::runtime_error(path + ": router metadata xattn tau must be in (0, 1]");
+    s.sparse.xattn.tau = static_cast<float>(tau);
     s.sparse.xattn.block = s.sparse.block;
-    const nlohmann::json targets = nlohmann::json::parse(meta_str(m, "targets", path));
-    for (auto& [k, v] : targets.items()) s.targets[k] = v.get<double>();
+    const nlohmann::json targets = parse_json_text(meta_str(m, "targets", path), path + ": router metadata 'targets'");
+    if (!targets.is_object()) throw std::runtime_error(path + ": router metadata 'targets' is not a JSON object");
+    for (auto& [k, v] : targets.items()) {
+      if (!v.is_number()) throw std::runtime_error(path + ": router target for '" + k + "' is not a number");
+      s.targets[k] = v.get<double>();
+    }
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(path + ": malformed router metadata: " + e.what());
   }

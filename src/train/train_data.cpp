@@ -1,10 +1,14 @@
 // Router training data: JSONL samples (text or ids) and the built-in task mix, fitted to the training length.
-#include <fstream>
+#include <algorithm>
+#include <climits>
 #include <stdexcept>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/json_file.h"
 #include "elastic/tasks.h"
+#include "elastic/text_file.h"
 #include "elastic/train.h"
 
 namespace elastic {
@@ -16,35 +20,56 @@ std::map<std::string, double> default_targets() {
 
 namespace {
 
-std::vector<int32_t> ids_field(const nlohmann::json& j, const char* key) {
+// Token ids in [0, vocab) (vocab <= 0: any int32 id). get<int32_t> would wrap 4294967301 to 5, and an id past the
+// vocabulary would only fail inside training, steps later.
+std::vector<int32_t> ids_field(const nlohmann::json& j, const char* key, int64_t vocab) {
   if (!j[key].is_array()) throw std::runtime_error(std::string("'") + key + "' is not an array of token ids");
+  const int64_t end = vocab > 0 ? vocab : int64_t{INT32_MAX} + 1;
   std::vector<int32_t> v;
+  v.reserve(j[key].size());
   for (auto& x : j[key]) {
     if (!x.is_number_integer()) throw std::runtime_error(std::string("'") + key + "' holds a non-integer");
-    v.push_back(x.get<int32_t>());
+    const bool in_range = x.is_number_unsigned() ? x.get<uint64_t>() < static_cast<uint64_t>(end)
+                                                 : x.get<int64_t>() >= 0 && x.get<int64_t>() < end;
+    if (!in_range)
+      throw std::runtime_error(std::string("'") + key + "' holds token id " + x.dump() + " at index " +
+                               std::to_string(v.size()) + ", outside " +
+                               (vocab > 0 ? "the vocabulary (0.." + std::to_string(vocab - 1) + ")"
+                                          : std::string("0..2^31-1")));
+    v.push_back(static_cast<int32_t>(x.get<int64_t>()));
   }
   return v;
 }
+
+// Lines longer than this are not training samples (a 1M-token sample is ~8 MB of ids as JSON).
+constexpr uint64_t kMaxLineBytes = 64ULL << 20;
 
 }  // namespace
 
 std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokenizer* tok,
                                            const std::map<std::string, double>& targets,
-                                           const std::map<std::string, std::string>& task_classes, DataReport* report) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open training data");
+                                           const std::map<std::string, std::string>& task_classes, DataReport* report,
+                                           int32_t vocab) {
+  // Read whole through the checked reader: a directory or a device is an error naming the path, not an empty file.
+  const std::string text = read_text_file(path, "training data");
   DataReport local;
   DataReport& rep = report ? *report : local;
   std::vector<TrainExample> out;
-  std::string line;
   int n = 0;
-  while (std::getline(f, line)) {
+  for (size_t at = 0; at < text.size();) {
+    const size_t nl = std::min(text.find('\n', at), text.size());
+    const std::string_view line(text.data() + at, nl - at);
+    at = nl + 1;
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     ++rep.lines;
     try {
+      if (line.size() > kMaxLineBytes)
+        throw std::runtime_error("line of " + std::to_string(line.size()) + " bytes, more than the limit of " +
+                                 std::to_string(kMaxLineBytes));
       nlohmann::json j;
       try {
+        check_json_depth(line, "sample");
         j = nlohmann::json::parse(line);
       } catch (const nlohmann::json::parse_error&) {
         throw std::runtime_error("malformed JSON");
@@ -60,8 +85,8 @@ std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokeni
       if (j.contains("input_ids") || j.contains("output_ids")) {
         if (!j.contains("input_ids") || !j.contains("output_ids"))
           throw std::runtime_error("needs both 'input_ids' and 'output_ids'");
-        e.input_ids = ids_field(j, "input_ids");
-        e.output_ids = ids_field(j, "output_ids");
+        e.input_ids = ids_field(j, "input_ids", vocab);
+        e.output_ids = ids_field(j, "output_ids", vocab);
       } else {
         if (!j.contains("input") || !j["input"].is_string() || !j.contains("output") || !j["output"].is_string())
           throw std::runtime_error("needs string fields 'input' and 'output' (or 'input_ids' and 'output_ids')");
@@ -80,6 +105,14 @@ std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokeni
     throw std::runtime_error(path + ": no usable training sample in " + std::to_string(rep.lines) + " lines" +
                              (rep.problems.empty() ? "" : " (first problem: " + rep.problems.front() + ")"));
   return out;
+}
+
+// Without the model's vocabulary the tokenizer's bounds the ids: a model's is at least as large, so no id the
+// tokenizer gives is refused, and an id past the tokenizer is not text the model was trained on.
+std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokenizer* tok,
+                                           const std::map<std::string, double>& targets,
+                                           const std::map<std::string, std::string>& task_classes, DataReport* report) {
+  return load_train_jsonl(path, tok, targets, task_classes, report, tok ? tok->vocab_size() : 0);
 }
 
 std::vector<TrainExample> builtin_train_mix(const Tokenizer* tok, int32_t vocab, int n_samples,
