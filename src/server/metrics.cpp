@@ -53,6 +53,14 @@ std::string Metrics::render() {
   metric(o, "elastic_requests_running", "gauge", "Requests holding a slot.", double(running));
   metric(o, "elastic_requests_waiting", "gauge", "Requests waiting for a slot or KV memory.", double(waiting));
   metric(o, "elastic_slots", "gauge", "Slots (requests decoded together at most).", double(max_slots));
+  metric(o, "elastic_http_connections", "gauge", "Open client connections (idle, arriving or being answered).",
+         double(connections_open));
+  metric(o, "elastic_http_connections_shed_total", "counter",
+         "Connections closed at the connection cap (the one waiting longest for its request).",
+         double(connections_shed));
+  metric(o, "elastic_http_connections_timed_out_total", "counter",
+         "Connections closed with 408: a request head or body that did not arrive in time.",
+         double(connections_timed_out));
   return o;
 }
 
