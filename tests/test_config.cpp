@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "elastic/config.h"
@@ -75,4 +79,56 @@ TEST(Config, Errors) {
   j["hidden_act"] = "gelu";
   EXPECT_NE(error_of(j).find("hidden_act"), std::string::npos);
   EXPECT_THROW(load_config("/nonexistent/config.json"), std::runtime_error);
+}
+
+// Hostile configs (issue 25): sizes the loader would allocate for before any checkpoint shape can contradict them.
+TEST(Config, AbsurdSizesAndNumbersAreRefusedByName) {
+  auto j = qwen3();
+  j["num_hidden_layers"] = 2000000000;  // resized a vector of 2e9 layers (bad_alloc)
+  EXPECT_NE(error_of(j).find("field 'num_hidden_layers' out of range: 2000000000 (1 to 4096)"), std::string::npos)
+      << error_of(j);
+  j = qwen3();
+  j["vocab_size"] = 18446744073709551615ULL;  // above 2^63: was read as -1
+  EXPECT_NE(error_of(j).find("field 'vocab_size' out of range: 18446744073709551615"), std::string::npos)
+      << error_of(j);
+  j = qwen3();
+  j["eos_token_id"] = 4294967301LL;  // get<int> wrapped it to 5
+  EXPECT_NE(error_of(j).find("eos_token_id 4294967301 is out of range"), std::string::npos) << error_of(j);
+  j = qwen3();
+  j["eos_token_id"] = {1, -2};
+  EXPECT_NE(error_of(j).find("eos_token_id -2 is out of range"), std::string::npos) << error_of(j);
+  j = qwen3();
+  j["rms_norm_eps"] = 1e300;  // beyond float: the narrowing was undefined
+  EXPECT_NE(error_of(j).find("rms_norm_eps must be in [0, 1]"), std::string::npos) << error_of(j);
+  j = qwen3();
+  j["rope_theta"] = std::numeric_limits<double>::infinity();  // was accepted (inf > 0)
+  EXPECT_NE(error_of(j).find("field 'rope_theta' must be a finite number"), std::string::npos) << error_of(j);
+}
+
+TEST(Config, DirectoryAndDeepJsonAreNamed) {
+  const std::string d = ::testing::TempDir() + "config_hostile";
+  std::filesystem::create_directories(d + "/config.json");
+  try {
+    load_config(d + "/config.json");
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    // Was "basic_filebuf::underflow error reading the file: Is a directory", naming no path.
+    EXPECT_NE(std::string(e.what()).find(d + "/config.json: is a directory, not a config file"), std::string::npos)
+        << e.what();
+  }
+  std::ofstream(d + "/deep.json") << std::string(100000, '[') << std::string(100000, ']');
+  try {
+    load_config(d + "/deep.json");
+    FAIL();
+  } catch (const std::runtime_error& e) {  // was a SIGSEGV inside the JSON parser
+    EXPECT_NE(std::string(e.what()).find(d + "/deep.json: JSON nested deeper than 128 levels"), std::string::npos)
+        << e.what();
+  }
+  std::ofstream(d + "/overflow.json") << R"({"rope_theta": 1e400})";
+  try {
+    load_config(d + "/overflow.json");
+    FAIL();
+  } catch (const std::runtime_error& e) {  // nlohmann's out_of_range escaped unwrapped, naming no file
+    EXPECT_NE(std::string(e.what()).find(d + "/overflow.json: malformed JSON"), std::string::npos) << e.what();
+  }
 }

@@ -323,6 +323,23 @@ TEST(GgufReaderTest, BadFilesGiveClearErrors) {
   expect_error(open_bytes(b), {p, "metadata 'k'", "unknown metadata value type 77"});
 }
 
+TEST(GgufReaderTest, HostilePathsAndValuesAreNamed) {
+  // A directory was mapped and failed with a bare "mmap failed: No such device".
+  const std::string dir = tmp_path("a_directory.gguf");
+  fs::create_directories(dir);
+  expect_error([&] { File::open(dir); }, {dir, "is a directory"});
+  expect_error([&] { File::open("/dev/null"); }, {"/dev/null", "not a regular file"});
+  // A uint64 above 2^63 came back from get_int negative, so a caller's "v <= 0" check named the wrong value.
+  const std::string p = tmp_path("u64.gguf");
+  Writer w;
+  w.set_u64("big", (1ULL << 63) + 5);
+  w.set_u64("ok", 7);
+  write_bytes(p, w.serialize());
+  const File f = File::open(p);
+  EXPECT_EQ(f.get_int("ok"), 7);
+  expect_error([&] { f.get_int("big"); }, {p, "metadata 'big'", "9223372036854775813", "out of range"});
+}
+
 // ---------------------------------------------------------------- tiny models: GGUF vs safetensors
 
 // llama.cpp's converter permutation (rows h*hd + j*hd/2 + i -> h*hd + 2i + j), applied to make the test file.

@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "elastic/safetensors.h"
 #include "st_writer.h"
 
@@ -94,4 +97,53 @@ TEST(SafeTensors, RequireNamesTensor) {
   }
   EXPECT_THROW(st.require("missing.weight", {4}), std::runtime_error);
   expect_error(temp_dir("st_empty") + "/nothing", "");
+}
+
+// Hostile headers (issue 25).
+TEST(SafeTensors, ShapeWhoseElementCountOverflowsIsRefused) {
+  auto d = temp_dir("st_overflow");
+  // 2^62 x 4 elements wrapped to 0 in int64 (UBSan: signed overflow) and matched an empty byte range.
+  write_safetensors(d + "/a.safetensors", {f32_tensor("x", {4}, 1.f)},
+                    R"({"x":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})");
+  expect_error(d + "/a.safetensors", "makes more elements than the 16-byte data section holds");
+  // Above 2^63 an entry read as a negative int64.
+  write_safetensors(d + "/b.safetensors", {f32_tensor("x", {4}, 1.f)},
+                    R"({"x":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,16]}})");
+  expect_error(d + "/b.safetensors", "shape entry 18446744073709551615");
+  write_safetensors(d + "/c.safetensors", {f32_tensor("x", {4}, 1.f)},
+                    R"({"x":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})");
+  expect_error(d + "/c.safetensors", "shape entry -4 is not a non-negative integer");
+  // A zero dimension is a valid empty tensor whatever the others are.
+  write_safetensors(d + "/e.safetensors", {f32_tensor("x", {4}, 1.f)},
+                    R"({"x":{"dtype":"F32","shape":[0,4611686018427387904],"data_offsets":[0,0]}})");
+  EXPECT_EQ(SafeTensors::open(d + "/e.safetensors").find("x")->numel(), 0);
+}
+
+TEST(SafeTensors, DeepHeaderAndDirectoriesAndForeignShards) {
+  auto d = temp_dir("st_hostile");
+  // 100,000 nested '[' overflowed the stack inside nlohmann's parser.
+  write_safetensors(d + "/deep.safetensors", {f32_tensor("x", {4}, 1.f)},
+                    R"({"x":)" + std::string(100000, '[') + std::string(100000, ']') + "}");
+  expect_error(d + "/deep.safetensors", "nested deeper than 128 levels");
+  // A model folder whose model.safetensors is a directory: "mmap failed" before.
+  std::filesystem::create_directories(d + "/m/model.safetensors");
+  expect_error(d + "/m", "is a directory");
+  // An index may only name shards inside its folder.
+  std::filesystem::create_directories(d + "/idx");
+  write_safetensors(d + "/outside.safetensors", {f32_tensor("x", {4}, 1.f)});
+  std::ofstream(d + "/idx/model.safetensors.index.json") << R"({"weight_map": {"x": "../outside.safetensors"}})";
+  expect_error(d + "/idx", "is not a file inside the model folder");
+}
+
+TEST(SafeTensors, HeaderOverTheFormatLimitIsRefusedUnread) {
+  // A header length of 150 MB in a (sparse) 160 MB file: refused by the limit, not parsed.
+  auto d = temp_dir("st_biglen");
+  const std::string p = d + "/a.safetensors";
+  {
+    std::ofstream f(p, std::ios::binary);
+    const uint64_t hlen = 150'000'000;
+    f.write(reinterpret_cast<const char*>(&hlen), 8);
+  }
+  std::filesystem::resize_file(p, 160'000'000);
+  expect_error(p, "over the format's limit of 100000000 bytes");
 }

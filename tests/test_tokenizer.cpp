@@ -216,4 +216,63 @@ TEST(TokenizerTest, MalformedFilesThrowWithPath) {
   expect_throw_with_path((d / "badregex.json").string(), "regex");
 }
 
+// Hostile files (issue 25): each of these crashed the process or allocated without bound before the limits.
+
+// A tokenizer.json whose pre_tokenizer is `depth` Sequences nested in each other around one ByteLevel.
+json nested_sequences(int depth, const char* kind) {
+  const bool pre = std::string(kind) == "pre_tokenizer";
+  json inner = pre ? json{{"type", "ByteLevel"}, {"use_regex", false}} : json{{"type", "NFC"}};
+  for (int k = 0; k < depth; ++k)
+    inner = {{"type", "Sequence"}, {pre ? "pretokenizers" : "normalizers", json::array({inner})}};
+  json j = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}}}, {"merges", json::array()}}}};
+  j[kind] = inner;
+  return j;
+}
+
+TEST(TokenizerTest, DeeplyNestedSequencesAreRefusedByName) {
+  fs::path d = temp_dir();
+  for (const char* kind : {"pre_tokenizer", "normalizer"}) {
+    // 16 levels load; 17 are refused naming the limit (the JSON itself stays under the parser's depth limit).
+    EXPECT_NO_THROW(Tokenizer::from_json(nested_sequences(16, kind), "t.json")) << kind;
+    const fs::path p = d / (std::string(kind) + "_deep.json");
+    write_file(p, nested_sequences(40, kind).dump());
+    expect_throw_with_path(p.string(), "nested deeper than 16 levels");
+  }
+}
+
+TEST(TokenizerTest, DeeplyNestedJsonIsRefusedBeforeParsing) {
+  // nlohmann's parser recurses per level: 100,000 nested '[' overflowed the stack (SIGSEGV).
+  fs::path p = temp_dir() / "deep_json.json";
+  write_file(p, "{\"model\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  expect_throw_with_path(p.string(), "nested deeper than 128 levels");
+}
+
+TEST(TokenizerTest, HugeTokenIdsAreRefusedNamingTheId) {
+  fs::path d = temp_dir();
+  // An id of 1e9 sized a per-id table of a billion strings (bad_alloc, not an error naming the file).
+  write_file(d / "huge_vocab_id.json", R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1000000000}, "merges": []}})");
+  expect_throw_with_path((d / "huge_vocab_id.json").string(), "vocab entry 'b' has id 1000000000");
+  // 2^32 + 5 was read as 5 by get<int32_t>.
+  write_file(d / "wrapped_added_id.json",
+             R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                 "added_tokens": [{"id": 4294967301, "content": "<x>"}]})");
+  expect_throw_with_path((d / "wrapped_added_id.json").string(), "4294967301");
+  write_file(d / "negative_added_id.json",
+             R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                 "added_tokens": [{"id": -3, "content": "<x>"}]})");
+  expect_throw_with_path((d / "negative_added_id.json").string(), "-3");
+  // The largest id allowed still loads (4M-entry tables, as large as any real vocabulary's 16 times over).
+  EXPECT_EQ(Tokenizer::from_json(json::parse(R"({"model": {"type": "BPE", "vocab": {"a": 4194303}, "merges": []}})"),
+                                 "t.json")
+                .vocab_size(),
+            4194304);
+}
+
+TEST(TokenizerTest, DirectoryIsNamedAsOne) {
+  // An ifstream opens a directory and then threw "basic_filebuf::underflow", naming no path.
+  const fs::path d = temp_dir() / "a_directory.json";
+  fs::create_directories(d);
+  expect_throw_with_path(d.string(), "is a directory");
+}
+
 }  // namespace

@@ -30,7 +30,7 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& source)
   check_json_depth(text, source);
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     throw std::runtime_error(source + ": malformed JSON: " + e.what());
   }
 }

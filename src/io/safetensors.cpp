@@ -105,7 +105,7 @@ void SafeTensors::add_file(const std::string& path) {
   json header;
   try {
     header = json::parse(header_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     throw std::runtime_error(path + ": malformed safetensors header JSON: " + e.what());
   }
   if (!header.is_object()) throw std::runtime_error(path + ": safetensors header is not a JSON object");

@@ -71,8 +71,8 @@ std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokeni
       try {
         check_json_depth(line, "sample");
         j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error&) {
-        throw std::runtime_error("malformed JSON");
+      } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
+        throw std::runtime_error(std::string("malformed JSON: ") + e.what());
       }
       if (!j.is_object()) throw std::runtime_error("not a JSON object");
       if (!j.contains("task") || !j["task"].is_string()) throw std::runtime_error("missing string field 'task'");
