@@ -98,6 +98,66 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi >/dev/null 2>&1; then
   expect_cuda_fail "no CUDA device" $BIN bench --device cuda --shape qwen3-0.6b --layers 1 -c 128
   expect_cuda_fail "--gpus 2 but this machine has 0 CUDA device(s)" $BIN train-router -m $FX/qwen3_tiny --gpus 2 --device cuda
 fi
+# Hostile numbers (issue 25): every numeric flag is range-checked, finite, and the message names the flag.
+G="$BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy"
+expect_fail "--threads: 100000 is not in [0, 1024]" $G -n 2 -t 100000
+expect_fail "--threads" $G -n 2 -t -1
+expect_fail "--n-predict: 100000000 is not in [0, 16777216]" $G -n 100000000
+expect_fail "exceeds the model's context of 128 tokens: lower -n, or give -c" $G -n 1000
+expect_fail "-c 4096 exceeds the model's context of 128 tokens" $G -n 2 -c 4096
+expect_fail "--ctx-size" $G -n 2 -c -5
+expect_fail "--temp: 'nan' is not a finite number" $G -n 2 --temp nan
+expect_fail "--temp" $G -n 2 --temp -1
+expect_fail "--temp" $G -n 2 --temp 1e400
+expect_fail "--top-p: 'nan' is not a finite number in [0, 1]" $G -n 2 --top-p nan
+expect_fail "--top-p" $G -n 2 --top-p 1.5
+expect_fail "--top-k" $G -n 2 --top-k -3
+expect_fail "--chunk" $G -n 2 --chunk 0
+expect_fail "--chunk" $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy --chunk nan
+expect_fail "--threads" $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy -t 5000
+expect_fail "--depths" $BIN probe -m $FX/qwen3_tiny --depths 0
+expect_fail "--needles" $BIN probe -m $FX/qwen3_tiny --needles 100000
+expect_fail "--ctx-size" $BIN probe -m $FX/qwen3_tiny -c 99999999999
+expect_fail "--sparsity: 'nan' is not a finite number" $BIN route static --scores $TMP/heads.json --sparsity nan
+expect_fail "--sink: 100000000 is not in [0, 16777216]" $BIN route static --scores $TMP/heads.json --sink 100000000
+expect_fail "--sink" $BIN route static --scores $TMP/heads.json --sink 99999999999
+expect_fail "--local" $BIN route static --scores $TMP/heads.json --local 0
+expect_fail "--block" $BIN route static --scores $TMP/heads.json --block 96
+echo '{"sink": 4294967360, "layers": [["ssa","full"],["full","full"]]}' > $TMP/routing_wrap.json
+expect_fail "routing_wrap.json: 'sink' 4294967360 is out of range" $G -n 2 --routing $TMP/routing_wrap.json
+expect_fail "--lr: 'nan' is not a finite number" $TR --lr nan
+expect_fail "--lr: 0 is not in (0, 10]" $TR --lr 0
+expect_fail "--multiplier-lr" $TR --multiplier-lr inf
+expect_fail "--warmup" $TR --warmup nan
+expect_fail "--steps" $TR --steps 0
+expect_fail "--batch" $TR --batch 100000000
+expect_fail "--pool" $TR --pool 0
+expect_fail "--builtin-len" $TR --builtin-len 200,0
+expect_fail "--local" $TR --local 99999999
+expect_fail "--target 'qa=nan': the value must be in [0, 1]" $TR --target qa=nan -o $TMP/x.safetensors --log $TMP/x.jsonl
+expect_fail "--target 'qa=0.5x': the value is not a number" $TR --target qa=0.5x -o $TMP/x.safetensors --log $TMP/x.jsonl
+expect_fail "--samples" $BIN eval -m $FX/qwen3_tiny --samples 0 -o $TMP/ev
+expect_fail "--sink" $BIN eval -m $FX/qwen3_tiny --sink -1 -o $TMP/ev
+expect_fail "--lengths '9007199254740993k': bad entry" $BIN eval -m $FX/qwen3_tiny --lengths 9007199254740993k -o $TMP/ev
+expect_fail "bench: -c: context length '99999999k' must be in [1, 16777216]" $BIN bench -c 99999999k
+expect_fail "bench: -c: bad context length '8q'" $BIN bench -c 8k,8q
+expect_fail "bench: -c 262144 exceeds the model's context of 131072 tokens" $BIN bench -c 256k --modes full -r 1
+expect_fail "--repeats" $BIN bench -r 0
+expect_fail "--layers" $BIN bench --layers 100000
+expect_fail "--vocab" $BIN bench --vocab 0
+# Every write checked: a full disk is an error with a non-zero status, not "wrote ..." and 0.
+if [ -w /dev/full ]; then
+  expect_fail "/dev/full: cannot write routing file: No space left on device" $BIN route static --scores $TMP/heads.json --sink 0 --local 64 -o /dev/full
+  expect_fail "error: elastic route static: /dev/full" $BIN route static --scores $TMP/heads.json --sink 0 --local 64 -o /dev/full
+  expect_fail "/dev/full: cannot write" $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o /dev/full
+  expect_fail "/dev/full: cannot write head scores" $BIN probe -m $FX/qwen3_tiny -c 80 --depths 1 -o /dev/full --svg $TMP/h.svg
+  expect_fail "/dev/full: cannot write heat map SVG" $BIN probe -m $FX/qwen3_tiny -c 80 --depths 1 -o $TMP/h.json --svg /dev/full
+  expect_fail "/dev/full: cannot write SVG plot" $BIN plot $TMP/p.csv -o /dev/full --y-label y
+  expect_fail "/dev/full: cannot write training log" $TR -o $TMP/x.safetensors --log /dev/full
+  expect_fail "/dev/full: cannot write safetensors file" $TR -o /dev/full --log $TMP/x.jsonl
+  expect_fail "cannot write standard output" sh -c "'$BIN' bench -c 128 --modes full -r 1 -o csv > /dev/full"
+  expect_fail "error: elastic generate: cannot write standard output" sh -c "$G -n 2 --print-ids > /dev/full"
+fi
 rm -rf $TMP
 [ $fails -eq 0 ] && echo "all CLI error cases passed"
 exit $fails

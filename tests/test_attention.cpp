@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -246,6 +247,84 @@ TEST(Routing, FileRoundTripAndErrors) {
   EXPECT_NE(routing_error(R"({"block_size":96,"layers":[["full","full"],["full","full"]]})").find("block_size"), std::string::npos);
   EXPECT_NE(routing_error(R"({"layers": [)").find("malformed JSON"), std::string::npos);
   EXPECT_NE(routing_error(R"({"xattn":{"stride":7},"layers":[["full","full"],["full","full"]]})").find("stride"), std::string::npos);
+}
+
+// Hostile routing files: integers that do not fit an int (nlohmann's get<int> would wrap 2^32 + 64 to a valid 64),
+// windows over the engine's limit, fields of the wrong type; each names the file and the field.
+TEST(Routing, OutOfRangeFieldsNameTheField) {
+  const std::string L = R"("layers":[["ssa","full"],["full","full"]])";
+  const std::string wrap = routing_error(R"({"sink":4294967360,)" + L + "}");
+  EXPECT_NE(wrap.find("routing.json: 'sink' 4294967360 is out of range"), std::string::npos) << wrap;
+  EXPECT_NE(routing_error(R"({"local":-4294967296,)" + L + "}").find("'local'"), std::string::npos);
+  EXPECT_NE(routing_error(R"({"block_size":64.5,)" + L + "}").find("'block_size' must be an integer"),
+            std::string::npos);
+  EXPECT_NE(routing_error(R"({"xattn":{"stride":99999999999},)" + L + "}").find("'xattn.stride'"), std::string::npos);
+  EXPECT_NE(routing_error(R"({"xattn":{"tau":"high"},)" + L + "}").find("'xattn.tau' must be a number"),
+            std::string::npos);
+  EXPECT_NE(routing_error(R"({"local":16777217,)" + L + "}").find("'local' 16777217 is out of range (at most 16777216)"),
+            std::string::npos);
+  EXPECT_NE(routing_error("[1, 2]").find("must be a JSON object"), std::string::npos);
+  EXPECT_EQ(routing_error(R"({"sink":16777216,"local":16777216,)" + L + "}"), "");  // the limits themselves load
+}
+
+TEST(Routing, ValidateSparseBoundsTheWindow) {
+  SparseSettings s;
+  s.sink = kMaxSparseWindow + 1;
+  EXPECT_THROW(validate_sparse(s, "test"), std::runtime_error);
+  s.sink = 0;
+  s.local = std::numeric_limits<int>::max();
+  try {
+    validate_sparse(s, "route static");
+    ADD_FAILURE() << "local INT_MAX accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("route static: local 2147483647 must be in [1, "), std::string::npos);
+  }
+}
+
+// A full disk is an error: /dev/full accepts the open and fails every write (the old writer never flushed before
+// returning, so a small routing file "succeeded").
+TEST(Routing, SaveToAFullDiskThrows) {
+  if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no /dev/full";
+  const RoutingTable r = RoutingTable::all_full(2, 2);
+  try {
+    save_routing(r, "/dev/full");
+    ADD_FAILURE() << "no error writing to /dev/full";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/full: cannot write routing file: No space left"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Settings built in code skip validate_sparse: a sink or window near INT_MAX must mean "everything", not overflow
+// when rounded up to whole blocks (it wrapped negative and kept only the diagonal block).
+TEST(Attention, StreamingWindowNearIntMaxKeepsEveryBlock) {
+  SparseSettings s;
+  s.sink = std::numeric_limits<int>::max();
+  s.local = 64;
+  for (int kb = 0; kb <= 40; ++kb) EXPECT_TRUE(streaming_keeps(40, kb, s)) << "sink INT_MAX, block " << kb;
+  s.sink = 0;
+  s.local = std::numeric_limits<int>::max();
+  for (int kb = 0; kb <= 40; ++kb) EXPECT_TRUE(streaming_keeps(40, kb, s)) << "local INT_MAX, block " << kb;
+  EXPECT_FALSE(streaming_keeps(3, 4, s));  // still causal
+}
+
+// The hybrid cache with such a head: one slot per position (the sink + window covers the capacity), where the
+// overflowed size used to be negative and the allocation threw length_error.
+TEST(Attention, HybridCacheWithHugeWindowKeepsOneSlotPerPosition) {
+  ModelConfig c;
+  c.n_layers = 1;
+  c.n_kv_heads = 2;
+  c.head_dim = 8;
+  RoutingTable r = RoutingTable::uniform(1, 2, HeadMode::Streaming);
+  r.sparse.sink = std::numeric_limits<int>::max();
+  r.sparse.local = std::numeric_limits<int>::max();
+  KVCache cache;
+  ASSERT_NO_THROW(cache.init(c, 100, &r));
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_EQ(cache.ring_slots[h], 0);
+    EXPECT_EQ(cache.k[h].size(), 100u * 8);
+  }
+  EXPECT_THROW(cache.init(c, -1, &r), std::invalid_argument);
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "elastic/eval.h"
+#include "elastic/heatmap_svg.h"
 #include "elastic/plot_svg.h"
 #include "elastic/router.h"
 #include "scratch_dir.h"
@@ -296,6 +297,25 @@ TEST_F(EvalRun, BuiltinMethodsAndLengths) {
   EXPECT_THROW(parse_lengths("4k,,8k"), std::runtime_error);
   EXPECT_THROW(parse_lengths("-1"), std::runtime_error);
   EXPECT_THROW(parse_lengths(""), std::runtime_error);
+  // 2^53 + 1 thousands: the old v * 1024 overflowed long long and wrapped past the 16M bound check.
+  EXPECT_THROW(parse_lengths("9007199254740993k"), std::runtime_error);
+  EXPECT_THROW(parse_lengths("16385k"), std::runtime_error);
+  EXPECT_EQ(parse_lengths("16384k"), (std::vector<int>{1 << 24}));
+}
+
+// Every report writer fails on a full disk: /dev/full takes the open and refuses the bytes, which a small SVG kept in
+// the stream's buffer until after the old writers' last check.
+TEST(EvalPlots, WritesToAFullDiskThrow) {
+  if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no /dev/full";
+  const std::vector<PlotSeries> s{{"a", {1, 2}, {3, 4}}};
+  try {
+    write_line_chart_svg("/dev/full", "t", "x", "y", s, false, true);
+    ADD_FAILURE() << "plot written to /dev/full";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/full: cannot write SVG plot: No space left"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(write_heatmap_svg("/dev/full", {0.5}, 1, 1, "t", "r", "c"), std::runtime_error);
 }
 
 TEST_F(EvalRun, HeadScoresProbedOnceAndSaved) {

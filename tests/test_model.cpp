@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "elastic/generate.h"
 #include "elastic/model.h"
@@ -141,6 +142,52 @@ TEST(Model, ErrorsAreClear) {
   EXPECT_THROW(m.forward(bad.data(), 2, c, lg, false), std::runtime_error);
   std::vector<int32_t> many(5, 1);
   EXPECT_THROW(m.forward(many.data(), 5, c, lg, false), std::runtime_error);
+}
+
+namespace {
+
+std::string capacity_error(int64_t prompt, int64_t n, int64_t ctx, int max_positions) {
+  try {
+    generation_capacity(prompt, n, ctx, max_positions);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// -n and -c against the model's context, in 64 bits: prompt + -n past the context is an error naming both (it was an
+// allocation of the whole -n, a bad_alloc at -n 100000000), and -n near INT_MAX no longer overflows the sum.
+TEST(Generate, CapacityCheckedAgainstTheContext) {
+  EXPECT_EQ(generation_capacity(10, 20, 0, 128), 30);
+  EXPECT_EQ(generation_capacity(10, 118, 0, 128), 128);
+  EXPECT_EQ(generation_capacity(10, 1000, 64, 128), 64);  // -c caps the cache: generation stops when it is full
+  EXPECT_EQ(generation_capacity(10, 5, 64, 128), 15);
+  const std::string over = capacity_error(10, 100000000, 0, 128);
+  EXPECT_NE(over.find("the prompt (10 tokens) + -n 100000000 exceeds the model's context of 128 tokens"),
+            std::string::npos) << over;
+  EXPECT_NE(capacity_error(10, std::numeric_limits<int>::max(), 0, 128).find("-n 2147483647 exceeds"),
+            std::string::npos);
+  EXPECT_NE(capacity_error(10, 5, 4096, 128).find("-c 4096 exceeds the model's context of 128"), std::string::npos);
+  EXPECT_NE(capacity_error(200, 5, 0, 128).find("the prompt has 200 tokens"), std::string::npos);
+  EXPECT_NE(capacity_error(100, 5, 64, 128).find("more than the context -c 64"), std::string::npos);
+  EXPECT_NE(capacity_error(10, -1, 0, 128).find("-n must be >= 0"), std::string::npos);
+  // An unknown model context (0) falls back to the engine's limit, still checked.
+  EXPECT_EQ(generation_capacity(10, 20, 0, 0), 30);
+  EXPECT_NE(capacity_error(10, int64_t{1} << 40, 0, 0).find("the engine's limit"), std::string::npos);
+}
+
+TEST(Generate, HugeNPredictIsAnErrorBeforeAnyAllocation) {
+  Model m = Model::load(std::string(ELASTIC_FIXTURE_DIR) + "/qwen3_tiny");
+  const std::vector<int32_t> prompt{1, 2, 3};
+  try {
+    generate(m, prompt, 100000000, 0, SamplerParams{}, false, nullptr);
+    ADD_FAILURE() << "-n 100000000 accepted on a 128-token model";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("-n 100000000 exceeds the model's context of 128 tokens"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Sampler, SeededAndTruncated) {

@@ -231,6 +231,25 @@ TEST(Probe, HeatmapSvg) {
   EXPECT_THROW(write_heatmap_svg("/nonexistent/dir/map.svg", h.score, 4, 5, "t", "r", "c"), std::runtime_error);
 }
 
+// Scores and heat maps on a full disk are errors (a small scores file stayed in the stream's buffer past the old
+// writer's check, so it "succeeded").
+TEST(Probe, WritesToAFullDiskThrow) {
+  if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no /dev/full";
+  const HeadScores h = hand_scores();
+  try {
+    save_head_scores(h, "/dev/full");
+    ADD_FAILURE() << "scores written to /dev/full";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/full: cannot write head scores"), std::string::npos) << e.what();
+  }
+  try {
+    write_heatmap_svg("/dev/full", h.score, h.n_layers, h.n_kv_heads, "t", "r", "c");
+    ADD_FAILURE() << "heat map written to /dev/full";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/full: cannot write heat map SVG"), std::string::npos) << e.what();
+  }
+}
+
 // The tokenizer path: real needle / question text with the Qwen3 tokenizer on a random-weight model whose vocabulary
 // covers it (written here, f32, tied embeddings).
 #include <random>

@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -265,6 +267,72 @@ double answer_loss(const Model& m, const std::vector<TrainExample>& data, const 
 // nearly silent. Sensitive samples (target Omega 0.75 = one head of four full) are answered by the full model, robust
 // ones (target 1.0) by the all-sparse model. The router must keep exactly the head that brute force finds best for
 // sensitive prompts, and route robust prompts all-sparse.
+// The pooling window and the shapes a router is built from are bounded, so pool_first + pool_last and the MLP's
+// parameter count cannot overflow (a router file or --pool of INT_MAX used to be taken as is).
+TEST(RouterFile, SpecBoundsNameTheField) {
+  Model m = Model::load(fixture());
+  auto error = [&](const std::function<void(RouterSpec&)>& edit) {
+    RouterSpec s = spec_for(m);
+    edit(s);
+    try {
+      validate_router_spec(s, "r.safetensors");
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error([](RouterSpec&) {}), "");
+  const int big = std::numeric_limits<int>::max();
+  EXPECT_NE(error([&](RouterSpec& s) { s.pool_first = big; }).find("r.safetensors: router pool_first 2147483647"),
+            std::string::npos);
+  EXPECT_NE(error([&](RouterSpec& s) { s.pool_first = s.pool_last = big; }).find("pool_first"), std::string::npos);
+  EXPECT_NE(error([](RouterSpec& s) { s.pool_last = -1; }).find("pool_last -1"), std::string::npos);
+  EXPECT_NE(error([](RouterSpec& s) { s.pool_first = s.pool_last = 0; }).find("pooling window is empty"),
+            std::string::npos);
+  EXPECT_NE(error([](RouterSpec& s) { s.head_dim = 1 << 20; }).find("head_dim"), std::string::npos);
+  EXPECT_NE(error([](RouterSpec& s) { s.sparse_mode = HeadMode::Full; }).find("sparse_mode"), std::string::npos);
+  RouterSpec s = spec_for(m);
+  s.pool_last = big;
+  EXPECT_THROW(Router::init(s, 1), std::runtime_error);
+}
+
+// Writes to a full disk fail loudly: the router file (a small one fits the stream's buffer, so the old writer's
+// check before the final flush passed) and the per-step training log (its flushes were never checked).
+TEST(RouterFile, WritesToAFullDiskThrow) {
+  if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no /dev/full";
+  RouterSpec s;
+  s.n_layers = s.n_kv_heads = s.head_dim = 1;
+  const Router r = Router::init(s, 1);
+  try {
+    r.save("/dev/full");
+    ADD_FAILURE() << "router saved to /dev/full";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/full: cannot write safetensors file"), std::string::npos) << e.what();
+  }
+  Model m = Model::load(fixture());
+  std::vector<TrainExample> data(2);
+  for (int i = 0; i < 2; ++i) {
+    data[i].task_class = "qa";
+    for (int t = 0; t < 40; ++t) data[i].input_ids.push_back((t * 7 + i) % m.config.vocab);
+    data[i].output_ids = {1, 2};
+  }
+  TrainOptions o;
+  o.steps = 2;
+  o.batch = 1;
+  o.max_len = 64;
+  o.targets = {{"qa", 0.5}};
+  o.spec.pool_first = o.spec.pool_last = 8;
+  o.spec.sparse.sink = 0;
+  o.spec.sparse.local = 64;
+  o.log_jsonl = "/dev/full";
+  try {
+    train_router(m, data, o, {});
+    ADD_FAILURE() << "training log written to /dev/full";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/full: cannot write training log"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TrainRouter, FindsTheKnownRouting) {
   Model m = Model::load(fixture());
   const ModelConfig& c = m.config;

@@ -6,13 +6,61 @@
 
 #include <omp.h>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
 
 namespace fs = std::filesystem;
 
 namespace elastic::cli {
+
+namespace {
+
+std::string fmt_bound(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.10g", v);
+  return b;
+}
+
+// The flag's text as a number: the whole text, finite (strtod reads "nan", "inf" and "1e400" = inf as numbers).
+bool finite_number(const std::string& text, double& v) {
+  char* end = nullptr;
+  errno = 0;
+  v = std::strtod(text.c_str(), &end);
+  return !text.empty() && end && *end == '\0' && errno != ERANGE && std::isfinite(v);
+}
+
+CLI::Validator finite_check(double lo, double hi, bool lo_open) {
+  const std::string range = std::string(lo_open ? "(" : "[") + fmt_bound(lo) + ", " + fmt_bound(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, lo_open, range](std::string& text) -> std::string {
+        double v = 0;
+        if (!finite_number(text, v)) return "'" + text + "' is not a finite number in " + range;
+        if (lo_open ? !(v > lo) : !(v >= lo)) return text + " is not in " + range;
+        if (!(v <= hi)) return text + " is not in " + range;
+        return {};
+      },
+      "in " + range);
+}
+
+}  // namespace
+
+CLI::Validator in_range(double lo, double hi) { return finite_check(lo, hi, false); }
+CLI::Validator positive_up_to(double hi) { return finite_check(0, hi, true); }
+
+void add_threads_option(CLI::App* sub, int& threads) {
+  sub->add_option("-t,--threads", threads, "CPU threads (0 = one per core, at most " + std::to_string(kMaxThreads) + ")")
+      ->check(in_range(0, kMaxThreads));
+}
+
+void add_sparse_options(CLI::App* sub, SparseSettings& s, const std::string& what) {
+  sub->add_option("--block", s.block, "Sparse block size (64 or 128)" + what)->check(CLI::IsMember({64, 128}));
+  sub->add_option("--sink", s.sink, "Streaming sink tokens" + what)->check(in_range(0, kMaxSparseWindow));
+  sub->add_option("--local", s.local, "Streaming local window tokens" + what)->check(in_range(1, kMaxSparseWindow));
+}
 
 std::string ids_json(const std::vector<int32_t>& ids) {
   std::string s = "[";
@@ -45,14 +93,14 @@ void apply_routing(Model& m, const std::string& routing_file, const std::string&
   else if (!mode.empty()) m.routing = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, parse_head_mode(mode));
   const SparseSettings& s = m.routing.sparse;
   // A routing file written for another model can ask for a window longer than this one's context.
-  if (!routing_file.empty() && m.routing.msr() > 0 && s.sink + s.local > m.config.max_positions)
+  if (!routing_file.empty() && m.routing.msr() > 0 && int64_t{s.sink} + s.local > m.config.max_positions)
     throw std::runtime_error(routing_file + ": streaming sink + local (" + std::to_string(s.sink) + " + " +
                              std::to_string(s.local) + ") exceeds the model's context " +
                              std::to_string(m.config.max_positions) + " tokens");
 }
 
 void add_routing_options(CLI::App* sub, std::string& routing, std::string& mode, std::string& router, int& chunk) {
-  sub->add_option("--chunk", chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
+  sub->add_option("--chunk", chunk, "Prefill chunk size in tokens")->check(in_range(1, kMaxTokens));
   sub->add_option("--routing", routing, "Routing JSON: mode per layer per KV head plus sparse settings");
   sub->add_option("--mode", mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
   sub->add_option("--router", router, "Trained router (.safetensors): routes each prompt at prefill");
@@ -64,6 +112,10 @@ void print_metrics(const RoutingTable& r, const AttentionStats& st) {
 }
 
 void set_threads(int t) {
+  // The flag's check already bounds -t; this guards callers that set it from elsewhere.
+  if (t < 0 || t > kMaxThreads)
+    throw std::invalid_argument("-t/--threads " + std::to_string(t) + " is not in [0, " + std::to_string(kMaxThreads) +
+                                "]");
   if (t > 0) omp_set_num_threads(t);
 }
 

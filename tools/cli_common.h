@@ -29,6 +29,23 @@ void add_serve_command(CLI::App& app, Commands& cmds);
 void add_bench_command(CLI::App& app, Commands& cmds);
 void add_plot_command(CLI::App& app, Commands& cmds);
 
+// Range checks for numeric flags, one per option: `->check(in_range(0, 1))`. CLI11's own Range and PositiveNumber let
+// NaN through (every comparison with NaN is false) and accept 1e308; these take only finite values in [lo, hi], and
+// CLI11 puts the flag in front of the message ("--temp: nan is not a finite number in [0, 100]").
+CLI::Validator in_range(double lo, double hi);
+// (0, hi]: learning rates and other values that must be strictly positive.
+CLI::Validator positive_up_to(double hi);
+
+// Upper bounds shared by the subcommands. Token counts (contexts, prompt lengths, chunks) stop at 16M, far beyond any
+// model we run, so sizes computed from them (counts x head_dim x layers) stay far from int overflow.
+constexpr int kMaxTokens = 1 << 24;
+// -t: 0 (OpenMP's default: one thread per core) or 1..1024. libgomp crashes creating 100000 threads; no machine we run
+// on has more than 1024 cores.
+constexpr int kMaxThreads = 1024;
+void add_threads_option(CLI::App* sub, int& threads);
+// --block / --sink / --local of the sparse heads (the limits of validate_sparse).
+void add_sparse_options(CLI::App* sub, SparseSettings& s, const std::string& what = "");
+
 std::string ids_json(const std::vector<int32_t>& ids);
 // The tokenizer.json to use: the override when given, else the model folder's (throws when absent).
 std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path);

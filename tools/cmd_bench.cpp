@@ -37,19 +37,19 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// One -c entry: N or Nk (k = 1024), 1..kMaxTokens. Digits only, bounded before the multiply (99999999k overflows an
+// int), and every failure names -c and the entry instead of std::stoi's bare "stoi".
 int parse_ctx(const std::string& s) {
-  size_t used = 0;
-  int v = 0;
-  try {
-    v = std::stoi(s, &used);
-  } catch (const std::exception&) {
-    throw std::runtime_error("bench: bad context length '" + s + "'");
-  }
-  std::string rest = s.substr(used);
-  if (rest == "k" || rest == "K") v *= 1024;
-  else if (!rest.empty()) throw std::runtime_error("bench: bad context length '" + s + "'");
-  if (v <= 0) throw std::runtime_error("bench: context length must be positive: '" + s + "'");
-  return v;
+  std::string digits = s;
+  int64_t mult = 1;
+  if (!digits.empty() && (digits.back() == 'k' || digits.back() == 'K')) mult = 1024, digits.pop_back();
+  const bool numeric = !digits.empty() && digits.size() <= 9 &&
+                       std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  if (!numeric) throw std::runtime_error("bench: -c: bad context length '" + s + "' (use e.g. 512,8k)");
+  const int64_t v = std::stoll(digits) * mult;
+  if (v <= 0 || v > kMaxTokens)
+    throw std::runtime_error("bench: -c: context length '" + s + "' must be in [1, " + std::to_string(kMaxTokens) + "]");
+  return static_cast<int>(v);
 }
 
 // "full" | "ssa" | "xattn" | "hybrid@<omega>" (FA + SSA) | "hybrid-xa@<omega>" (FA + XAttention)
@@ -143,24 +143,23 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   sub->add_option("-m,--model", o->model, "Model folder or .gguf (default: a random-weight model of --shape)");
   sub->add_option("--shape", o->shape, "Named shape for a random-weight model: qwen3-0.6b, qwen3-4b, qwen3-8b, llama-3.1-8b, tiny");
   sub->add_option("--layers", o->layers, "Override the shape's layer count (time per layer is what scales)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--vocab", o->vocab, "Override the shape's vocabulary (embedding memory)")->check(CLI::PositiveNumber);
+      ->check(in_range(1, 1024));
+  sub->add_option("--vocab", o->vocab, "Override the shape's vocabulary (embedding memory)")
+      ->check(in_range(1, kMaxTokens));
   sub->add_option("-c,--ctx", o->ctx, "Comma list of prompt lengths (k = 1024)");
   sub->add_option("--modes", o->modes, "Comma list: full, ssa, xattn, hybrid@OMEGA (FA+SSA), hybrid-xa@OMEGA");
-  sub->add_option("-r,--repeats", o->reps, "Repeats per row")->check(CLI::PositiveNumber);
-  sub->add_option("--chunk", o->chunk, "Prefill chunk size")->check(CLI::PositiveNumber);
-  sub->add_option("--block", o->sparse.block, "Sparse block size (64 or 128)");
-  sub->add_option("--sink", o->sparse.sink, "Streaming sink tokens");
-  sub->add_option("--local", o->sparse.local, "Streaming local window tokens");
+  sub->add_option("-r,--repeats", o->reps, "Repeats per row")->check(in_range(1, 10000));
+  sub->add_option("--chunk", o->chunk, "Prefill chunk size")->check(in_range(1, kMaxTokens));
+  add_sparse_options(sub, o->sparse);
   sub->add_option("--seed", o->seed, "Seed (weights, prompts, hybrid routings)");
   sub->add_option("-o,--output", o->out, "Output format")->check(CLI::IsMember({"md", "json", "csv"}));
   sub->add_option("--plot", o->plot,
                   "Also write speed curves per mode against context length: PREFIX_prefill.svg (tokens/s), "
                   "PREFIX_attention.svg (attention ms) and, with --decode on the GPU, PREFIX_decode.svg");
-  sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  add_threads_option(sub, o->threads);
   sub->add_option("--device", o->device, "cpu, or cuda (bf16 GPU backend)")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--decode", o->decode, "GPU: decode steps timed after each row's prefill (0 = none)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(in_range(0, kMaxTokens));
   sub->add_option("--attn-kernel", o->attn_kernel,
                   "GPU: prefill attention kernel variant (default auto; docs/CUDA_ATTENTION.md compares them)")
       ->check(CLI::IsMember({"auto", "simple", "wgmma", "overlap", "overlap-nopingpong", "persistent", "nopingpong"}));
@@ -200,6 +199,11 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       else m = random_model(c, o->seed);
       name = o->shape;
     }
+    // Before any buffer is sized for the longest row (a -c beyond the model's RoPE range is no measurement).
+    const int64_t longest = *std::max_element(ctxs.begin(), ctxs.end()) + int64_t{gpu ? o->decode : 0};
+    if (m.config.max_positions > 0 && longest > m.config.max_positions)
+      throw std::runtime_error("bench: -c " + std::to_string(longest) + (gpu && o->decode ? " (with --decode)" : "") +
+                               " exceeds the model's context of " + std::to_string(m.config.max_positions) + " tokens");
 #ifdef ELASTIC_HAVE_CUDA
     std::unique_ptr<cuda::GpuModel> g;
     if (gpu) {

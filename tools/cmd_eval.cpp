@@ -50,7 +50,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--suite", o->suite, "Suite (only 'ruler' for now)");
   sub->add_option("--tasks", o->tasks, "Comma list of tasks (default: all)");
   sub->add_option("--lengths", o->lengths, "Comma list of prompt lengths, k = 1024 (e.g. 4k,8k)");
-  sub->add_option("--samples", o->samples, "Samples per task and length")->check(CLI::PositiveNumber);
+  sub->add_option("--samples", o->samples, "Samples per task and length")->check(in_range(1, 1000000));
   sub->add_option("--seed", o->seed, "Seed (prompts are the same for every method)");
   sub->add_option("--methods", o->methods,
                   "Comma list of methods: full, ssa, xattn, static@0.5, static@0.7, static@0.9 (default: all)");
@@ -61,15 +61,13 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--haystack", o->hay, "Haystack text file (default: built-in English filler)");
   sub->add_option("--code-corpus", o->code, "Source file or folder for code_continue (default: built-in generator)");
   sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's; random ids when absent)");
-  sub->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::PositiveNumber);
+  sub->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(in_range(1, kMaxTokens));
   sub->add_option("-o,--output", o->out, "Output folder (results.jsonl, results.md, summary.json, SVGs)");
-  sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  add_threads_option(sub, o->threads);
   sub->add_option("--device", o->device, "cpu, or cuda (samples run on the bf16 GPU backend; probing stays on the CPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_flag("--no-chat", o->no_chat, "Do not apply the model's chat template to prompts");
-  sub->add_option("--block", o->sparse.block, "Sparse block size of the built-in methods (64 or 128)");
-  sub->add_option("--sink", o->sparse.sink, "Streaming sink tokens of the built-in methods");
-  sub->add_option("--local", o->sparse.local, "Streaming local window tokens of the built-in methods");
+  add_sparse_options(sub, o->sparse, " of the built-in methods");
   cmds.push_back({sub, [o] {
     o->sparse.xattn.block = o->sparse.block;
     validate_sparse(o->sparse, "eval");
@@ -85,7 +83,11 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
                    o->model.c_str());
     EvalOptions eo;
     if (!o->tasks.empty()) eo.tasks = split_list(o->tasks);
-    eo.lengths = parse_lengths(o->lengths);
+    try {
+      eo.lengths = parse_lengths(o->lengths);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("eval: --") + e.what());  // "--lengths '4q': bad entry ..."
+    }
     eo.samples = o->samples;
     eo.seed = o->seed;
     eo.haystack_file = o->hay;

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 
 #include "cli_common.h"
@@ -32,12 +33,13 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
   auto* opt_ids = sub->add_option("--ids", o->ids, "Prompt as a 1-D int32 .npy of token ids");
   opt_p->excludes(opt_ids);
   sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's)");
-  sub->add_option("-n,--n-predict", o->n, "Tokens to generate")->check(CLI::NonNegativeNumber);
-  sub->add_option("-c,--ctx-size", o->ctx, "Context size (default: prompt + n)")->check(CLI::NonNegativeNumber);
-  sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
-  sub->add_option("--temp", o->temp, "Temperature (0 = greedy)")->check(CLI::NonNegativeNumber);
-  sub->add_option("--top-k", o->topk, "Top-k (0 = off)")->check(CLI::NonNegativeNumber);
-  sub->add_option("--top-p", o->topp, "Top-p (1 = off)")->check(CLI::Range(0.0f, 1.0f));
+  // -n and -c are checked against the model's context once it is loaded (generation_capacity).
+  sub->add_option("-n,--n-predict", o->n, "Tokens to generate")->check(in_range(0, kMaxTokens));
+  sub->add_option("-c,--ctx-size", o->ctx, "Context size (default: prompt + n)")->check(in_range(0, kMaxTokens));
+  add_threads_option(sub, o->threads);
+  sub->add_option("--temp", o->temp, "Temperature (0 = greedy)")->check(in_range(0, 100));
+  sub->add_option("--top-k", o->topk, "Top-k (0 = off)")->check(in_range(0, std::numeric_limits<int>::max()));
+  sub->add_option("--top-p", o->topp, "Top-p (1 = off)")->check(in_range(0, 1));
   sub->add_option("--seed", o->seed, "Sampling seed");
   sub->add_flag("--print-ids", o->print_ids, "Print the new ids as a JSON array instead of text");
   sub->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
@@ -58,6 +60,8 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
     }
     if (!o->print_ids && !t && has_tokenizer(o->model, o->tok))
       t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
+    // Before any allocation: -n 100000000 is an error naming -n and the context, not a bad_alloc.
+    [[maybe_unused]] const int capacity = generation_capacity(static_cast<int64_t>(prompt.size()), o->n, o->ctx, m.config.max_positions);
     SamplerParams sp{o->temp, o->topk, o->topp, o->seed};
     GenerateStats st;
     auto stream = [&](int32_t id) {
@@ -67,7 +71,7 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
     if (o->device == "cuda") {
 #ifdef ELASTIC_HAVE_CUDA
       cuda::GpuOptions go;
-      go.max_ctx = o->ctx > 0 ? o->ctx : static_cast<int>(prompt.size()) + o->n;
+      go.max_ctx = o->ctx > 0 ? o->ctx : capacity;
       go.chunk = o->chunk;
       auto g = cuda::GpuModel::upload(m, go);
       std::fprintf(stderr, "%s\n", g->plan().describe().c_str());

@@ -14,7 +14,7 @@ void add_logits_command(CLI::App& app, Commands& cmds) {
   sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
   sub->add_option("--ids", o->ids, "1-D int32 .npy of token ids")->required();
   sub->add_option("-o,--output", o->out, "Output .npy")->required();
-  sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  add_threads_option(sub, o->threads);
   add_routing_options(sub, o->routing, o->mode, o->router, o->chunk);
   cmds.push_back({sub, [o] {
     set_threads(o->threads);

@@ -20,11 +20,12 @@ void add_probe_command(CLI::App& app, Commands& cmds) {
   sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
   sub->add_option("--haystack", o->hay, "Haystack text file (default: built-in filler)");
   sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's; random ids when absent)");
-  sub->add_option("-c,--ctx-size", o->po.context, "Prompt length in tokens")->check(CLI::PositiveNumber);
-  sub->add_option("--depths", o->po.n_depths, "Needle depths")->check(CLI::PositiveNumber);
-  sub->add_option("--needles", o->po.n_needles_per_depth, "Prompts per depth")->check(CLI::PositiveNumber);
+  sub->add_option("-c,--ctx-size", o->po.context, "Prompt length in tokens (at most the model's context)")
+      ->check(in_range(1, kMaxTokens));
+  sub->add_option("--depths", o->po.n_depths, "Needle depths")->check(in_range(1, 1000));
+  sub->add_option("--needles", o->po.n_needles_per_depth, "Prompts per depth")->check(in_range(1, 1000));
   sub->add_option("--seed", o->po.seed, "Seed");
-  sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  add_threads_option(sub, o->threads);
   sub->add_option("-o,--output", o->out, "Scores JSON");
   sub->add_option("--svg", o->svg, "Heat map SVG (default: output with .svg)");
   cmds.push_back({sub, [o] {

@@ -15,11 +15,9 @@ void add_route_command(CLI::App& app, Commands& cmds) {
   rt->require_subcommand(1);
   auto* sub = rt->add_subcommand("static", "DuoAttention-style baseline: keep the top-scoring heads full");
   sub->add_option("--scores", o->scores, "heads.json from elastic probe")->required();
-  sub->add_option("--sparsity", o->sparsity, "Target Omega_MSR in [0, 1]")->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--sparsity", o->sparsity, "Target Omega_MSR in [0, 1]")->check(in_range(0, 1));
   sub->add_option("--sparse-mode", o->mode, "Mode of the sparse heads")->check(CLI::IsMember({"ssa", "xattn"}));
-  sub->add_option("--block", o->sparse.block, "Block size (64 or 128)");
-  sub->add_option("--sink", o->sparse.sink, "Streaming sink tokens");
-  sub->add_option("--local", o->sparse.local, "Streaming local window tokens");
+  add_sparse_options(sub, o->sparse);
   sub->add_option("-o,--output", o->out, "Routing JSON");
   cmds.push_back({sub, [o] {
     HeadScores hs = load_head_scores(o->scores);

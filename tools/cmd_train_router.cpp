@@ -1,5 +1,6 @@
 // elastic train-router: train the Elastic Attention router of a frozen model on task-labelled data.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 
@@ -34,36 +35,36 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
   sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
   sub->add_option("--data", o->data, "JSONL training data (repeatable); default: the built-in task mix");
   sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's; none = ids only)");
-  sub->add_option("--builtin-samples", o->builtin_samples, "Samples of the built-in mix")->check(CLI::PositiveNumber);
+  sub->add_option("--builtin-samples", o->builtin_samples, "Samples of the built-in mix")
+      ->check(in_range(1, 1000000));
   sub->add_option("--builtin-len", o->builtin_len,
                   "Prompt tokens of built-in samples, a comma list for several lengths (default: max-len - 64)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, kMaxTokens));
   sub->add_option("--haystack", o->haystack, "Text file for the built-in tasks' haystacks");
-  sub->add_option("--steps", o->to.steps, "Optimizer steps")->check(CLI::PositiveNumber);
-  sub->add_option("--batch", o->to.batch, "Samples per step")->check(CLI::PositiveNumber);
-  sub->add_option("--max-len", o->to.max_len, "Tokens per training sequence")->check(CLI::Range(16, 1 << 20));
-  sub->add_option("--lr", o->to.lr, "Router learning rate")->check(CLI::PositiveNumber);
-  sub->add_option("--multiplier-lr", o->to.multiplier_lr, "Lagrange multiplier learning rate")->check(CLI::PositiveNumber);
-  sub->add_option("--warmup", o->to.warmup, "Warmup fraction of the steps")->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--steps", o->to.steps, "Optimizer steps")->check(in_range(1, 10000000));
+  sub->add_option("--batch", o->to.batch, "Samples per step")->check(in_range(1, 100000));
+  sub->add_option("--max-len", o->to.max_len, "Tokens per training sequence")->check(in_range(16, 1 << 20));
+  sub->add_option("--lr", o->to.lr, "Router learning rate")->check(positive_up_to(10));
+  sub->add_option("--multiplier-lr", o->to.multiplier_lr, "Lagrange multiplier learning rate")
+      ->check(positive_up_to(10));
+  sub->add_option("--warmup", o->to.warmup, "Warmup fraction of the steps")->check(in_range(0, 1));
   sub->add_option("--tau-schedule", o->to.tau_schedule, "Temperature schedule")->check(CLI::IsMember({"cosine", "exp"}));
   sub->add_option("--target", o->targets, "Target Omega of a task class, e.g. qa=0.7 (repeatable)");
   sub->add_flag("--no-chat", o->no_chat, "Built-in mix: do not apply the model's chat template (eval applies it)");
   sub->add_flag("--sigmoid", o->sigmoid, "Gumbel-sigmoid gate (1 logit) instead of the 2-class softmax");
   sub->add_option("--sparse-mode", o->sparse_mode, "What sparse heads run")->check(CLI::IsMember({"ssa", "xattn"}));
-  sub->add_option("--block", o->to.spec.sparse.block, "Sparse block size (64 or 128)");
-  sub->add_option("--sink", o->to.spec.sparse.sink, "Streaming sink tokens");
-  sub->add_option("--local", o->to.spec.sparse.local, "Streaming local window tokens");
+  add_sparse_options(sub, o->to.spec.sparse);
   sub->add_option("--pool", o->to.spec.pool_first, "Boundary pooling: first and last N prompt tokens")
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, kMaxTokens));
   sub->add_option("--seed", o->to.seed, "Seed (init, data order, gate noise)");
-  sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  add_threads_option(sub, o->threads);
   sub->add_option("--device", o->device, "cpu, or cuda (the bf16 GPU backbone; same data, schedule and logs)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--gpus", o->gpus,
                   "Data parallel over N GPUs of this host: one process per GPU, gradients summed with NCCL "
                   "(libnccl.so.2 loaded at run time); --batch is the global batch")
-      ->check(CLI::Range(1, 64));
+      ->check(in_range(1, 64));
   sub->add_option("-o,--output", o->out, "Router file (.safetensors)");
   sub->add_option("--log", o->log, "Per-step JSONL log");
   sub->add_option("--plots", o->plots, "Plot prefix (default: the log path without extension)");
@@ -101,13 +102,12 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
     for (const std::string& kv : o->targets) {
       const size_t eq = kv.find('=');
       if (eq == std::string::npos) throw std::runtime_error("--target '" + kv + "': expected CLASS=VALUE");
-      double v;
-      try {
-        v = std::stod(kv.substr(eq + 1));
-      } catch (const std::exception&) {
-        throw std::runtime_error("--target '" + kv + "': the value is not a number");
-      }
-      if (v < 0 || v > 1) throw std::runtime_error("--target '" + kv + "': the value must be in [0, 1]");
+      // The whole value, as a number in [0, 1]: "0.5x" is refused, and so is "nan" (NaN fails every comparison).
+      const std::string text = kv.substr(eq + 1);
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end) throw std::runtime_error("--target '" + kv + "': the value is not a number");
+      if (!(v >= 0 && v <= 1)) throw std::runtime_error("--target '" + kv + "': the value must be in [0, 1]");
       to.targets[kv.substr(0, eq)] = v;
     }
     Model m = Model::load(o->model);

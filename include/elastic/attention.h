@@ -14,6 +14,10 @@ enum class HeadMode : uint8_t { Full = 0, Streaming = 1, XAttn = 2 };
 const char* head_mode_name(HeadMode m);
 HeadMode parse_head_mode(const std::string& s);  // "full" | "ssa" (or "streaming") | "xattn"; throws otherwise
 
+// Largest sink or local window accepted (16M tokens): beyond any context we run, and small enough that block
+// rounding and sink + window sums stay far from int overflow.
+constexpr int kMaxSparseWindow = 1 << 24;
+
 struct SparseSettings {
   int block = 64;     // block size for every sparse mode (64 or 128)
   int sink = 128;     // streaming: leading tokens always kept (rounded up to whole blocks)
@@ -35,9 +39,11 @@ struct RoutingTable {
 
 // JSON routing file: {"block_size":64,"sink":128,"local":2048,"xattn":{"stride":16,"tau":0.9},
 //                     "layers":[["full","ssa",...], ...]}  (one list of KV-head modes per layer)
-// Throws naming the file and the problem (layer/head counts, unknown mode, bad sizes).
+// Throws naming the file and the problem (layer/head counts, unknown mode, bad sizes, a field out of its range).
 RoutingTable load_routing(const std::string& path, int n_layers, int n_kv_heads);
-void save_routing(const RoutingTable& r, const std::string& path);
+void save_routing(const RoutingTable& r, const std::string& path);  // throws when any write fails (a full disk)
+// block 64 or 128, 0 <= sink <= kMaxSparseWindow, 1 <= local <= kMaxSparseWindow, stride | block, tau in (0, 1];
+// throws "<source>: <field> ..." otherwise.
 void validate_sparse(const SparseSettings& s, const std::string& source);
 
 // Work counters accumulated over calls: computed (query, key) pairs vs the dense causal count, and per-head

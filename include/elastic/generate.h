@@ -36,6 +36,13 @@ struct GenerateStats {
   RoutingTable routing;  // the routing this prompt ran under (the router's decision when the model has one)
 };
 
+// The KV-cache capacity a generation of n_new tokens after a prompt_len-token prompt needs, checked against the
+// model: context 0 means prompt + n_new, which must then fit the model's max_positions; a context > 0 (-c) caps the
+// cache (generation stops when it is full) and must itself fit max_positions. max_positions <= 0 (unknown) is read
+// as kMaxContext. Computed in 64 bits; throws naming -n and -c.
+constexpr int kMaxContext = 1 << 24;
+int generation_capacity(int64_t prompt_len, int64_t n_new, int64_t context, int max_positions);
+
 // Prefills `prompt`, then emits up to n_new tokens (stops at an EOS id when stop_at_eos).
 // on_token (optional) sees each new id as it is produced.
 std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt, int n_new, int context,

@@ -25,6 +25,12 @@ struct RouterSpec {
   int classes() const { return sigmoid ? 1 : 2; }
 };
 
+// Throws "<source>: ..." unless the spec is one a router can be built from: 1..4096 layers and KV heads, head_dim
+// 1..4096 (the MLP's parameter count is computed from it), a pooling window of 0..kMaxSparseWindow tokens at each end
+// and not empty, and a sparse mode that is sparse. The bounds keep pool sums and parameter counts far from int
+// overflow. The sparse settings are validate_sparse's (not called here: tests build routers with 16-token blocks).
+void validate_router_spec(const RouterSpec& spec, const std::string& source);
+
 // "arch=qwen3 L=28 D=1024 Hq=16 Hkv=8 hd=128 V=151936": what a router must match.
 std::string model_fingerprint(const ModelConfig& c);
 

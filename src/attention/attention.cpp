@@ -16,9 +16,11 @@ double AttentionStats::esr() const {
 }
 
 bool streaming_keeps(int qb, int kb, const SparseSettings& s) {
-  const int sink_blocks = (s.sink + s.block - 1) / s.block;
-  const int local_blocks = std::max(1, (s.local + s.block - 1) / s.block);
-  return kb <= qb && (kb < sink_blocks || qb - kb < local_blocks);
+  // In 64 bits: settings built in code skip validate_sparse, and rounding INT_MAX up to a block would overflow (a
+  // window larger than the sequence then keeps everything, as it should).
+  const int64_t B = s.block, sink_blocks = (int64_t{s.sink} + B - 1) / B;
+  const int64_t local_blocks = std::max<int64_t>(1, (int64_t{s.local} + B - 1) / B);
+  return kb <= qb && (kb < sink_blocks || int64_t{qb} - kb < local_blocks);
 }
 
 namespace {

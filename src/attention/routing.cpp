@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "elastic/json_file.h"
+#include "elastic/output_file.h"
 
 #include "elastic/attention.h"
 
@@ -46,26 +47,49 @@ double RoutingTable::msr() const {
 
 void validate_sparse(const SparseSettings& s, const std::string& src) {
   if (s.block != 64 && s.block != 128) throw std::runtime_error(src + ": block_size must be 64 or 128, got " + std::to_string(s.block));
-  if (s.sink < 0) throw std::runtime_error(src + ": sink must be >= 0");
-  if (s.local < 1) throw std::runtime_error(src + ": local must be >= 1");
+  const std::string max = std::to_string(kMaxSparseWindow);
+  if (s.sink < 0 || s.sink > kMaxSparseWindow)
+    throw std::runtime_error(src + ": sink " + std::to_string(s.sink) + " must be in [0, " + max + "]");
+  if (s.local < 1 || s.local > kMaxSparseWindow)
+    throw std::runtime_error(src + ": local " + std::to_string(s.local) + " must be in [1, " + max + "]");
   if (s.xattn.stride < 1 || s.block % s.xattn.stride)
     throw std::runtime_error(src + ": xattn stride " + std::to_string(s.xattn.stride) + " must divide block_size " + std::to_string(s.block));
   if (!(s.xattn.tau > 0.f && s.xattn.tau <= 1.f)) throw std::runtime_error(src + ": xattn tau must be in (0, 1]");
 }
 
+namespace {
+
+// An integer field of a routing file, range-checked before it becomes an int: nlohmann's get<int> of 1e12 (or of a
+// float) silently wraps, which would pass validate_sparse as some small or negative number.
+int int_field(const json& j, const char* key, int def, const std::string& path, const std::string& prefix = "") {
+  if (!j.contains(key)) return def;
+  const json& v = j[key];
+  const std::string name = "'" + prefix + key + "'";
+  if (!v.is_number_integer()) throw std::runtime_error(path + ": " + name + " must be an integer, got " + v.dump());
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > kMaxSparseWindow
+                             : v.get<int64_t>() < -kMaxSparseWindow || v.get<int64_t>() > kMaxSparseWindow)
+    throw std::runtime_error(path + ": " + name + " " + v.dump() + " is out of range (at most " +
+                             std::to_string(kMaxSparseWindow) + ")");
+  return static_cast<int>(v.get<int64_t>());
+}
+
+}  // namespace
+
 RoutingTable load_routing(const std::string& path, int n_layers, int n_kv_heads) {
   const json j = read_json_file(path, "routing file");
   RoutingTable r = RoutingTable::all_full(n_layers, n_kv_heads);
-  try {
-    r.sparse.block = j.value("block_size", 64);
-    r.sparse.sink = j.value("sink", 128);
-    r.sparse.local = j.value("local", 2048);
-    if (j.contains("xattn")) {
-      r.sparse.xattn.stride = j["xattn"].value("stride", 16);
-      r.sparse.xattn.tau = j["xattn"].value("tau", 0.9f);
+  if (!j.is_object()) throw std::runtime_error(path + ": a routing file must be a JSON object");
+  r.sparse.block = int_field(j, "block_size", 64, path);
+  r.sparse.sink = int_field(j, "sink", 128, path);
+  r.sparse.local = int_field(j, "local", 2048, path);
+  if (j.contains("xattn")) {
+    const json& x = j["xattn"];
+    if (!x.is_object()) throw std::runtime_error(path + ": 'xattn' must be an object");
+    r.sparse.xattn.stride = int_field(x, "stride", 16, path, "xattn.");
+    if (x.contains("tau")) {
+      if (!x["tau"].is_number()) throw std::runtime_error(path + ": 'xattn.tau' must be a number");
+      r.sparse.xattn.tau = static_cast<float>(x["tau"].get<double>());
     }
-  } catch (const json::exception& e) {
-    throw std::runtime_error(path + ": bad sparse settings: " + e.what());
   }
   r.sparse.xattn.block = r.sparse.block;
   validate_sparse(r.sparse, path);
@@ -100,9 +124,7 @@ void save_routing(const RoutingTable& r, const std::string& path) {
     for (int h = 0; h < r.n_kv_heads; ++h) row.push_back(head_mode_name(r.at(l, h)));
     j["layers"].push_back(row);
   }
-  std::ofstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot write routing file");
-  f << j.dump(1) << "\n";
+  write_text_file(path, j.dump(1) + "\n", "routing file");
 }
 
 }  // namespace elastic

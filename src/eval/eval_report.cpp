@@ -10,6 +10,7 @@
 
 #include "elastic/eval.h"
 #include "elastic/heatmap_svg.h"
+#include "elastic/output_file.h"
 #include "elastic/plot_svg.h"
 
 namespace fs = std::filesystem;
@@ -228,16 +229,9 @@ std::string markdown_report(const EvalSummary& s) {
 void write_report(const EvalSummary& s, const std::string& out_dir) {
   fs::create_directories(out_dir);
   const fs::path d(out_dir);
-  {
-    std::ofstream f(d / "results.md");
-    f << markdown_report(s);
-    if (!f) throw std::runtime_error((d / "results.md").string() + ": cannot write");
-  }
-  {
-    std::ofstream f(d / "summary.json");
-    f << s.to_json().dump(1, ' ', false, json::error_handler_t::replace) << "\n";
-    if (!f) throw std::runtime_error((d / "summary.json").string() + ": cannot write");
-  }
+  write_text_file((d / "results.md").string(), markdown_report(s), "eval report");
+  write_text_file((d / "summary.json").string(),
+                  s.to_json().dump(1, ' ', false, json::error_handler_t::replace) + "\n", "eval summary");
   // Score vs length per method: averaged over tasks, and one chart per task.
   auto series_for = [&](const std::vector<std::string>& tasks) {
     std::vector<PlotSeries> out;

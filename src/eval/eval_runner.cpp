@@ -1,7 +1,9 @@
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +15,7 @@
 #include "elastic/haystack.h"
 #include "elastic/heatmap_svg.h"
 #include "elastic/json_file.h"
+#include "elastic/output_file.h"
 #include "elastic/scoring.h"
 
 namespace fs = std::filesystem;
@@ -398,17 +401,17 @@ EvalSummary run_eval(Model& m, const Tokenizer* tok, const std::vector<Method>& 
                                  " (" + (old.contains(it.key()) ? old[it.key()].dump() : "none") + ", now " +
                                  it.value().dump() + "): use another output folder");
   } else {
-    std::ofstream f(cfg_path);
-    f << cfg.dump(1) << "\n";
-    if (!f) throw std::runtime_error(cfg_path.string() + ": cannot write");
+    write_text_file(cfg_path.string(), cfg.dump(1) + "\n", "eval run config");
   }
 
   const std::string jsonl = (fs::path(o.out_dir) / "results.jsonl").string();
   std::vector<SampleResult> results = load_results(jsonl);
   std::set<std::string> have;
   for (const SampleResult& r : results) have.insert(r.key());
+  // Appended to (OutputFile truncates): a resumed run keeps the samples already done. Checked after every line.
+  errno = 0;
   std::ofstream out(jsonl, std::ios::app | std::ios::binary);
-  if (!out) throw std::runtime_error(jsonl + ": cannot open for appending");
+  if (!out) throw std::runtime_error(jsonl + ": cannot open for appending: " + std::strerror(errno));
 
   const int total = static_cast<int>(methods.size() * tasks.size() * o.lengths.size()) * o.samples;
   EvalProgress p;
@@ -451,8 +454,9 @@ EvalSummary run_eval(Model& m, const Tokenizer* tok, const std::vector<Method>& 
           r.length = L;
           // Predictions can end inside a multi-byte character: invalid UTF-8 is written as U+FFFD, not refused.
           out << r.to_json().dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+          errno = 0;
           out.flush();  // one line per finished sample: a killed run loses at most the sample in flight
-          if (!out) throw std::runtime_error(jsonl + ": write failed");
+          if (!out) throw std::runtime_error(jsonl + ": cannot write eval results: " + std::strerror(errno));
           have.insert(r.key());
           results.push_back(std::move(r));
           ++p.done;
@@ -503,7 +507,7 @@ std::vector<int> parse_lengths(const std::string& s) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != t.size() || t.empty() || v <= 0 || v * mult > (1 << 24))
+    if (used != t.size() || t.empty() || v <= 0 || v > (1 << 24) / mult)  // divided: v * mult can overflow
       throw std::runtime_error("lengths '" + s + "': bad entry '" + item + "' (use e.g. 4k,8k or 4096)");
     out.push_back(static_cast<int>(v * mult));
   }

@@ -1,5 +1,7 @@
 #include "elastic/heatmap_svg.h"
 
+#include "elastic/output_file.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -106,10 +108,7 @@ void write_heatmap_svg(const std::string& path, const std::vector<double>& value
   o << "<text x=\"" << bar_x + bar_w + 4 << "\" y=\"" << top + gh << "\">" << fmt(lo) << "</text>\n";
   o << "</svg>\n";
 
-  std::ofstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot write heat map");
-  f << o.str();
-  if (!f) throw std::runtime_error(path + ": write failed");
+  write_text_file(path, o.str(), "heat map SVG");
 }
 
 }  // namespace elastic

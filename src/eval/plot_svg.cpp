@@ -1,6 +1,7 @@
 #include "elastic/plot_svg.h"
 
 #include "elastic/heatmap_svg.h"
+#include "elastic/output_file.h"
 
 #include <algorithm>
 #include <cmath>
@@ -120,10 +121,7 @@ struct Canvas {
          << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
          << "<text class=\"title\" x=\"" << (kW - kR + kL) / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">"
          << xml_escape(title) << "</text>\n";
-    std::ofstream f(path);
-    if (!f) throw std::runtime_error(path + ": cannot write SVG");
-    f << head.str() << o.str() << "</svg>\n";
-    if (!f) throw std::runtime_error(path + ": write failed");
+    write_text_file(path, head.str() + o.str() + "</svg>\n", "SVG plot");
   }
 };
 

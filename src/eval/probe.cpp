@@ -11,6 +11,7 @@
 
 #include "elastic/haystack.h"
 #include "elastic/json_file.h"
+#include "elastic/output_file.h"
 
 namespace elastic {
 
@@ -145,10 +146,7 @@ void save_head_scores(const HeadScores& s, const std::string& path) {
     for (int h = 0; h < s.n_kv_heads; ++h) row.push_back(s.at(l, h));
     j["scores"].push_back(row);
   }
-  std::ofstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot write head scores");
-  f << j.dump(1) << "\n";
-  if (!f) throw std::runtime_error(path + ": write failed");
+  write_text_file(path, j.dump(1) + "\n", "head scores");
 }
 
 HeadScores load_head_scores(const std::string& path) {

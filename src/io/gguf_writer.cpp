@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
+
+#include "elastic/output_file.h"
 
 namespace elastic::gguf {
 namespace {
@@ -237,10 +238,9 @@ std::vector<uint8_t> Writer::serialize(uint32_t version) const {
 
 void Writer::write(const std::string& path, uint32_t version) const {
   const std::vector<uint8_t> b = serialize(version);
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error("gguf writer: cannot create " + path);
-  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-  if (!f) throw std::runtime_error("gguf writer: write failed for " + path);
+  OutputFile f(path, "GGUF file");
+  f.write(b.data(), b.size());
+  f.close();
 }
 
 }  // namespace elastic::gguf

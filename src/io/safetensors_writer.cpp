@@ -1,9 +1,9 @@
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/output_file.h"
 #include "elastic/safetensors.h"
 
 namespace elastic {
@@ -25,13 +25,12 @@ void write_safetensors_f32(const std::string& path, const std::vector<F32Tensor>
   }
   std::string hs = h.dump();
   hs.append((8 - hs.size() % 8) % 8, ' ');  // keep the data 8-byte aligned, as the format recommends
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw std::runtime_error(path + ": cannot write");
+  OutputFile f(path, "safetensors file");
   const uint64_t hl = hs.size();
-  f.write(reinterpret_cast<const char*>(&hl), 8);
-  f.write(hs.data(), hs.size());
-  for (const F32Tensor& t : tensors) f.write(reinterpret_cast<const char*>(t.data.data()), t.data.size() * sizeof(float));
-  if (!f) throw std::runtime_error(path + ": write failed");
+  f.write(&hl, 8);
+  f.write(hs);
+  for (const F32Tensor& t : tensors) f.write(t.data.data(), t.data.size() * sizeof(float));
+  f.close();
 }
 
 }  // namespace elastic

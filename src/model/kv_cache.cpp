@@ -1,11 +1,15 @@
 // KV-cache sizing: one slot per position for full heads, sink + ring window for streaming heads (hybrid cache).
 #include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "elastic/model.h"
 
 namespace elastic {
 
 void KVCache::init_deferred(const ModelConfig& cfg, int cap) {
+  if (cap < 0) throw std::invalid_argument("KV cache: negative capacity " + std::to_string(cap));
   n_layers = cfg.n_layers;
   n_kv_heads = cfg.n_kv_heads;
   head_dim = cfg.head_dim;
@@ -25,12 +29,15 @@ void KVCache::allocate_layer(int layer, const HeadMode* modes, const SparseSetti
     int slots = capacity;
     sink_slots[i] = ring_slots[i] = 0;
     if (modes[h] == HeadMode::Streaming) {
-      const int sink = (s.sink + s.block - 1) / s.block * s.block;
-      const int ring = std::max(1, (s.local + s.block - 1) / s.block) * s.block;
+      // In 64 bits: a sink or window near INT_MAX overflows when rounded up to whole blocks; such a head simply
+      // keeps one slot per position, like any head whose sink + window covers the whole capacity.
+      const int64_t B = s.block;
+      const int64_t sink = (std::max<int64_t>(s.sink, 0) + B - 1) / B * B;
+      const int64_t ring = std::max<int64_t>(1, (int64_t{s.local} + B - 1) / B) * B;
       if (sink + ring < capacity) {
-        sink_slots[i] = sink;
-        ring_slots[i] = ring;
-        slots = sink + ring;
+        sink_slots[i] = static_cast<int>(sink);
+        ring_slots[i] = static_cast<int>(ring);
+        slots = static_cast<int>(sink + ring);
       }
     }
     k[i].assign(static_cast<size_t>(slots) * head_dim, 0.f);

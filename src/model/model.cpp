@@ -120,8 +120,8 @@ void head(const Model& m, const float* x, int T, bool all_logits, std::vector<fl
 
 void check_capacity(const KVCache& cache, int T) {
   if (T <= 0) throw std::invalid_argument("forward: no tokens");
-  if (cache.length + T > cache.capacity)
-    throw std::runtime_error("context overflow: " + std::to_string(cache.length + T) +
+  if (int64_t{cache.length} + T > cache.capacity)
+    throw std::runtime_error("context overflow: " + std::to_string(int64_t{cache.length} + T) +
                              " tokens exceed the KV cache capacity " + std::to_string(cache.capacity) + " (raise -c)");
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <stdexcept>
 
 #include "router/router_mlp.h"
 
@@ -14,9 +15,25 @@ std::string model_fingerprint(const ModelConfig& c) {
          " hd=" + std::to_string(c.head_dim) + " V=" + std::to_string(c.vocab);
 }
 
+void validate_router_spec(const RouterSpec& s, const std::string& src) {
+  auto check = [&](const char* what, int v, int lo, int hi) {
+    if (v < lo || v > hi)
+      throw std::runtime_error(src + ": router " + what + " " + std::to_string(v) + " is not in [" +
+                               std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  };
+  check("n_layers", s.n_layers, 1, 4096);
+  check("n_kv_heads", s.n_kv_heads, 1, 4096);
+  check("head_dim", s.head_dim, 1, 4096);
+  check("pool_first", s.pool_first, 0, kMaxSparseWindow);
+  check("pool_last", s.pool_last, 0, kMaxSparseWindow);
+  if (s.pool_first == 0 && s.pool_last == 0) throw std::runtime_error(src + ": router pooling window is empty");
+  if (s.sparse_mode == HeadMode::Full) throw std::runtime_error(src + ": router sparse_mode must be ssa or xattn");
+}
+
 size_t Router::layer_size() const { return router::layer_param_count(spec.head_dim, spec.classes()); }
 
 Router Router::init(const RouterSpec& spec, uint64_t seed) {
+  validate_router_spec(spec, "router init");
   Router r;
   r.spec = spec;
   const int d = spec.head_dim, C = spec.classes(), d4 = 4 * d;

@@ -5,13 +5,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/output_file.h"
 #include "elastic/plot_svg.h"
 #include "elastic/train.h"
 #include "train/adamw.h"
@@ -74,6 +75,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
   spec.targets = o.targets;
   if (spec.sparse_mode == HeadMode::Full) throw std::invalid_argument("train-router: the sparse mode must be ssa or xattn");
   validate_sparse(spec.sparse, "train-router");
+  validate_router_spec(spec, "train-router");
   Router router = Router::init(spec, o.seed);
 
   // Classes, their targets and the data fitted to the training length.
@@ -95,11 +97,10 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
   train::AdamW opt_mult;
   opt_mult.beta1 = o.beta1, opt_mult.beta2 = o.beta2, opt_mult.maximize = true;
 
-  std::ofstream jl;
-  if (!o.log_jsonl.empty() && rank == 0) {
-    jl.open(o.log_jsonl, std::ios::trunc);
-    if (!jl) throw std::runtime_error(o.log_jsonl + ": cannot write the training log");
-  }
+  // One line per step, written as it ends (a killed run keeps its log); every write is checked, so a full disk
+  // stops the run instead of leaving a silently truncated log.
+  std::unique_ptr<OutputFile> jl;
+  if (!o.log_jsonl.empty() && rank == 0) jl = std::make_unique<OutputFile>(o.log_jsonl, "training log");
   std::mt19937_64 rng(o.seed ^ 0x9e3779b97f4a7c15ULL);
   std::vector<size_t> order(data.size());
   std::iota(order.begin(), order.end(), 0);
@@ -207,10 +208,12 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
                           {"tau", log.tau},   {"lr", log.lr},   {"tok_per_s", log.tok_per_s}, {"open", log.open},
                           {"msr", log.msr},   {"eta_s", log.eta_s}};
       for (auto& [cl, lv] : log.lambdas) j["lambda"][cl] = {lv.first, lv.second};
-      jl << j.dump() << "\n" << std::flush;
+      jl->write(j.dump() + "\n");
+      jl->stream().flush();  // a failed flush is reported by the next write or the close below
     }
     if (on_step && rank == 0) on_step(log);
   }
+  if (jl) jl->close();
   return router;
 }
 
