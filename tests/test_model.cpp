@@ -96,6 +96,8 @@ TEST_P(Fixture, HybridCacheDecodesLikeFullCache) {
   m.routing.sparse.sink = 0;
   m.routing.sparse.local = 64;  // streaming heads: one block window, a 64-slot ring
   const int n_new = 60;         // decode well past the ring's wrap-around
+  // 160 positions: past the fixture's 128-token context, which generate() now enforces; RoPE runs at any position.
+  m.config.max_positions = 256;
   GenerateStats st;
   auto hybrid = generate(m, prompt, n_new, 0, SamplerParams{}, false, &st);
   // Same routing, full-length cache for every head.
