@@ -146,6 +146,17 @@ expect_fail "--repeats" $BIN bench -r 0
 expect_fail "--layers" $BIN bench --layers 100000
 expect_fail "--vocab" $BIN bench --vocab 0
 # Every write checked: a full disk is an error with a non-zero status, not "wrote ..." and 0.
+S="$BIN serve -m $FX/qwen3_tiny"
+expect_fail "--kv-budget-mib: 'nan' is not a finite number" $S --kv-budget-mib nan
+expect_fail "--kv-budget-mib: 1e30 is not in" $S --kv-budget-mib 1e30
+expect_fail "--kv-budget-mib" $S --kv-budget-mib 0
+expect_fail "--max-body-mib: 'inf' is not a finite number" $S --max-body-mib inf
+expect_fail "--header-timeout: 0 is not in" $S --header-timeout 0
+expect_fail "--body-timeout: 'nan' is not a finite number" $S --body-timeout nan
+expect_fail "--max-connections" $S --max-connections 0
+expect_fail "--parallel" $S --parallel 100000
+expect_fail "--threads: 100000 is not in [0, 1024]" $S -t 100000
+expect_fail "--port" $S --port 70000
 if [ -w /dev/full ]; then
   expect_fail "/dev/full: cannot write routing file: No space left on device" $BIN route static --scores $TMP/heads.json --sink 0 --local 64 -o /dev/full
   expect_fail "error: elastic route static: /dev/full" $BIN route static --scores $TMP/heads.json --sink 0 --local 64 -o /dev/full

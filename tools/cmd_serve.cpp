@@ -1,5 +1,4 @@
 // elastic serve: the OpenAI-compatible HTTP server (see docs/SERVER.md).
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -12,31 +11,6 @@
 #endif
 
 namespace elastic::cli {
-
-namespace {
-
-// A number in (lo, hi] (or [lo, hi] when lo_closed). CLI11's Range / PositiveNumber let nan through (every comparison
-// with nan is false) and take inf; a budget of 1e30 MiB would overflow the byte count.
-CLI::Validator finite_in(double lo, double hi, bool lo_closed = false) {
-  char desc[96];
-  std::snprintf(desc, sizeof desc, "NUMBER in %s%.12g, %.12g]", lo_closed ? "[" : "(", lo, hi);
-  return CLI::Validator(
-      [lo, hi, lo_closed](std::string& v) -> std::string {
-        char* end = nullptr;
-        const double x = std::strtod(v.c_str(), &end);
-        if (v.empty() || *end != '\0') return "'" + v + "' is not a number";
-        if (!std::isfinite(x)) return "'" + v + "' is not a finite number";
-        if (x > hi || x < lo || (!lo_closed && x == lo)) {
-          char buf[128];
-          std::snprintf(buf, sizeof buf, "%s is outside %s%.12g, %.12g]", v.c_str(), lo_closed ? "[" : "(", lo, hi);
-          return buf;
-        }
-        return "";
-      },
-      desc);
-}
-
-}  // namespace
 
 void add_serve_command(CLI::App& app, Commands& cmds) {
   struct Opts {
@@ -53,20 +27,20 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--host", o->host, "Address to listen on");
   sub->add_option("--port", o->port, "Port (0 = any free port)")->check(CLI::Range(0, 65535));
   sub->add_option("-c,--ctx-size", o->ctx, "Max prompt + max_tokens per request (default: the model's)")
-      ->check(CLI::Range(0, 1 << 24));
-  sub->add_option("-t,--threads", o->threads, "CPU threads of the engine")->check(CLI::Range(0, 1024));
+      ->check(CLI::Range(0, kMaxTokens));
+  add_threads_option(sub, o->threads);
   sub->add_option("--parallel", o->parallel, "Requests decoded together (slots)")->check(CLI::Range(1, 1024));
   sub->add_option("--kv-budget-mib", o->kv_mib, "KV-cache memory of all running requests, MiB")
-      ->check(finite_in(0, 1 << 24));
+      ->check(positive_up_to(1 << 24));
   sub->add_option("--max-body-mib", o->body_mib, "Largest request body (chunked ones included), MiB")
-      ->check(finite_in(0, double(kServerMaxBodyBytes >> 20)));
+      ->check(positive_up_to(double(kServerMaxBodyBytes >> 20)));
   sub->add_option("--max-connections", o->max_conns,
                   "Open client connections; at the cap the one waiting longest for its request is closed")
       ->check(CLI::Range(1, kServerMaxConnections));
   sub->add_option("--header-timeout", o->header_s, "Seconds for a request's whole head to arrive (else 408)")
-      ->check(finite_in(0, kServerMaxTimeoutSeconds));
+      ->check(positive_up_to(kServerMaxTimeoutSeconds));
   sub->add_option("--body-timeout", o->body_s, "Seconds for a request's whole body to arrive after its head (else 408)")
-      ->check(finite_in(0, kServerMaxTimeoutSeconds));
+      ->check(positive_up_to(kServerMaxTimeoutSeconds));
   sub->add_flag("--allow-special-in-content", o->special_in_content,
                 "Chat: special-token text in message content becomes control tokens (default: plain text)");
   sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's)");

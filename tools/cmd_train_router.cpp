@@ -153,7 +153,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
     }
     for (const std::string& path : o->data) {
       DataReport rep;
-      auto part = load_train_jsonl(path, tok.get(), to.targets, {}, &rep);
+      auto part = load_train_jsonl(path, tok.get(), to.targets, {}, &rep, m.config.vocab);
       for (const std::string& p : rep.problems) std::fprintf(stderr, "warning: skipped %s\n", p.c_str());
       std::fprintf(stderr, "train-router: %s: %d of %d lines used\n", path.c_str(), rep.used, rep.lines);
       data.insert(data.end(), part.begin(), part.end());

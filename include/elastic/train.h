@@ -41,9 +41,12 @@ struct DataReport {
 // JSONL, one sample per line: {"task": T, "input": "...", "output": "..."} or with "input_ids"/"output_ids" arrays.
 // T is a task class of `targets`, or a task name mapped to one by `task_classes`. Bad lines are skipped and reported
 // (file and line number); throws when no line is usable, or when text needs a tokenizer and tok is null.
+// Token ids must lie in [0, vocab) (the model's vocabulary; 0 = the tokenizer's, or only int32 without one): an id
+// outside it is a skipped line, not a wrapped id or a crash at the step that meets it.
 std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokenizer* tok,
                                            const std::map<std::string, double>& targets,
-                                           const std::map<std::string, std::string>& task_classes, DataReport* report);
+                                           const std::map<std::string, std::string>& task_classes, DataReport* report,
+                                           int32_t vocab = 0);
 
 // The built-in mix, from the eval task generators: sensitive (needle retrieval, multi-key retrieval, QA over
 // documents) and robust (summary recap, passage continuation, code continuation) samples of `tokens` prompt tokens.

@@ -141,9 +141,7 @@ Router Router::load(const std::string& path, const ModelConfig& model) {
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(path + ": malformed router metadata: " + e.what());
   }
-  if (s.sparse_mode == HeadMode::Full) throw std::runtime_error(path + ": router sparse_mode must be ssa or xattn");
-  if (s.head_dim <= 0 || s.pool_first < 0 || s.pool_last < 0 || s.pool_first + s.pool_last == 0)
-    throw std::runtime_error(path + ": router metadata has a bad head_dim or pooling window");
+  validate_router_spec(s, path);  // the one home of the router's shape and pooling-window rules
   validate_sparse(s.sparse, path);
   // The router must match the backbone it routes.
   if (s.n_layers != model.n_layers || s.n_kv_heads != model.n_kv_heads || s.head_dim != model.head_dim)

@@ -50,6 +50,9 @@ std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokeni
                                            const std::map<std::string, double>& targets,
                                            const std::map<std::string, std::string>& task_classes, DataReport* report,
                                            int32_t vocab) {
+  // Without the model's vocabulary the tokenizer's bounds the ids: a model's is at least as large, so no id the
+  // tokenizer gives is refused, and an id past the tokenizer is not text the model was trained on.
+  if (vocab <= 0 && tok) vocab = tok->vocab_size();
   // Read whole through the checked reader: a directory or a device is an error naming the path, not an empty file.
   const std::string text = read_text_file(path, "training data");
   DataReport local;
@@ -105,14 +108,6 @@ std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokeni
     throw std::runtime_error(path + ": no usable training sample in " + std::to_string(rep.lines) + " lines" +
                              (rep.problems.empty() ? "" : " (first problem: " + rep.problems.front() + ")"));
   return out;
-}
-
-// Without the model's vocabulary the tokenizer's bounds the ids: a model's is at least as large, so no id the
-// tokenizer gives is refused, and an id past the tokenizer is not text the model was trained on.
-std::vector<TrainExample> load_train_jsonl(const std::string& path, const Tokenizer* tok,
-                                           const std::map<std::string, double>& targets,
-                                           const std::map<std::string, std::string>& task_classes, DataReport* report) {
-  return load_train_jsonl(path, tok, targets, task_classes, report, tok ? tok->vocab_size() : 0);
 }
 
 std::vector<TrainExample> builtin_train_mix(const Tokenizer* tok, int32_t vocab, int n_samples,
