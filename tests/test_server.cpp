@@ -25,6 +25,7 @@
 #include "elastic/generate.h"
 #include "elastic/server.h"
 #include "elastic/tokenizer.h"
+#include "gguf_model_writer.h"
 #include "st_writer.h"
 
 using namespace elastic;
@@ -1410,5 +1411,51 @@ TEST(SequenceBackendCpu, RejectsMisuse) {
   be->decode(2, logits);                                                               // position 31: the last slot
   EXPECT_THROW(be->decode(3, logits), std::invalid_argument);                          // past the capacity
   EXPECT_THROW(cpu_sequence_backend(m, 0, 16), std::invalid_argument);
+  fs::remove_all(dir);
+}
+
+// `elastic serve -m model.gguf`: the GGUF file's own tokenizer and chat template serve text and chat requests (the
+// server looked only for a tokenizer.json beside the model and answered every text request 400 no_tokenizer).
+TEST(ServerGguf, ServesAGgufModelWithItsOwnTokenizerAndTemplate) {
+  const std::string src = write_tiny_qwen3("server_gguf_src", false);
+  const Model ref = Model::load(src);
+  const std::string dir = elastic::testing::temp_dir("server_gguf");  // the .gguf alone: no tokenizer.json beside it
+  const std::string gguf = dir + "/tiny.gguf";
+  const json cfg = json::parse(std::ifstream(qwen3_tok_dir() + "/tokenizer_config.json"));
+  elastic::testing::GgufOpts go;
+  go.tied = true;
+  go.tokenizer_json = qwen3_tok_dir() + "/tokenizer.json";
+  go.chat_template = cfg["chat_template"].get<std::string>();
+  go.eos = 151645;
+  elastic::testing::write_model_gguf(ref, gguf, go);
+  ServerOptions o;
+  o.port = 0;
+  o.max_slots = 2;
+  o.max_context = 256;
+  o.threads = 1;
+  Server srv(gguf, o);
+  srv.start();
+  auto c = client_of(srv.port());
+  const Tokenizer tok = Tokenizer::from_file(qwen3_tok_dir() + "/tokenizer.json");
+  auto reference = [&](const std::vector<int32_t>& prompt, int n) {
+    std::vector<int32_t> out = generate(ref, prompt, n, 0, SamplerParams{}, true, nullptr);
+    if (!out.empty() && out.back() == 151645) out.pop_back();
+    return json::parse(json(tok.decode(out)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+  };
+  int st = 0;
+  json r = post_json(c, "/v1/completions", {{"prompt", "The capital of France is"}, {"max_tokens", 6}, {"temperature", 0}},
+                     &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  const auto prompt = tok.encode("The capital of France is");
+  EXPECT_EQ(r["usage"]["prompt_tokens"], prompt.size());
+  EXPECT_EQ(r["choices"][0]["text"], reference(prompt, 6));
+  json msgs = {{{"role", "user"}, {"content", "Hi there"}}};
+  r = post_json(c, "/v1/chat/completions", {{"messages", msgs}, {"max_tokens", 6}, {"temperature", 0}}, &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  const auto chat = tok.encode("<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(r["usage"]["prompt_tokens"], chat.size());
+  EXPECT_EQ(r["choices"][0]["message"]["content"], reference(chat, 6));
+  srv.stop();
+  fs::remove_all(src);
   fs::remove_all(dir);
 }

@@ -1,5 +1,6 @@
 #include "cli_common.h"
 
+#include "elastic/tokenizer.h"
 #include "elastic/chat_template.h"
 
 #include "elastic/router.h"
@@ -69,20 +70,14 @@ std::string ids_json(const std::vector<int32_t>& ids) {
 }
 
 std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path) {
-  if (!override_path.empty()) return override_path;
-  if (is_gguf(model_dir)) return model_dir;  // a GGUF file carries its tokenizer
-  fs::path p = fs::path(model_dir) / "tokenizer.json";
-  if (!fs::exists(p))
+  const std::string p = model_tokenizer_path(model_dir, override_path);
+  if (p.empty())
     throw std::runtime_error(model_dir + ": no tokenizer.json in the model folder (pass --tokenizer or use --ids)");
-  return p.string();
-}
-
-bool is_gguf(const std::string& model) {
-  return fs::is_regular_file(model) && fs::path(model).extension() == ".gguf";
+  return p;
 }
 
 bool has_tokenizer(const std::string& model, const std::string& override_path) {
-  return !override_path.empty() || is_gguf(model) || fs::exists(fs::path(model) / "tokenizer.json");
+  return !model_tokenizer_path(model, override_path).empty();
 }
 
 void apply_routing(Model& m, const std::string& routing_file, const std::string& mode, const std::string& router) {

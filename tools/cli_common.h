@@ -49,7 +49,6 @@ void add_sparse_options(CLI::App* sub, SparseSettings& s, const std::string& wha
 std::string ids_json(const std::vector<int32_t>& ids);
 // The tokenizer.json to use: the override when given, else the model folder's (throws when absent).
 std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path);
-bool is_gguf(const std::string& model);
 // Whether a tokenizer is at hand: an override, a GGUF file, or the folder's tokenizer.json.
 bool has_tokenizer(const std::string& model, const std::string& override_path);
 // --routing FILE, --mode full|ssa|xattn (all heads one mode) or --router R (routes each prompt); at most one.

@@ -42,7 +42,7 @@ struct ServerOptions {
   std::function<RoutingTable(const std::vector<int32_t>& prompt)> route;
   int threads = 0;                 // OpenMP threads of the engine; 0 = the runtime default
   int http_threads = 0;            // HTTP workers for POST requests; 0 = max_slots + 16 (GETs have 2 of their own)
-  std::string tokenizer_path;      // default: <model_dir>/tokenizer.json (text endpoints need one)
+  std::string tokenizer_path;      // default: model_tokenizer_path(model_dir): a GGUF file itself, else tokenizer.json
   bool log_requests = false;       // one line per request to stderr
   // When set, requests run on this backend (e.g. the GPU model, `serve --device cuda`) one at a time instead of on
   // the CPU model in batches: max_slots must be 1 and max_context at most the backend's capacity. The model still

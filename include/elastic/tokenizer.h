@@ -11,6 +11,11 @@
 
 namespace elastic {
 
+// The tokenizer a model comes with, one rule for every command and the server: `override_path` when given, else the
+// model itself when it is a GGUF file (which carries its tokenizer), else the model folder's tokenizer.json when
+// there is one; "" when there is none.
+std::string model_tokenizer_path(const std::string& model, const std::string& override_path = "");
+
 class Tokenizer {
  public:
   // Throws std::runtime_error naming the file and the problem on malformed input.

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <filesystem>
 #include <mutex>
 #include <queue>
 #include <stdexcept>
@@ -790,6 +791,15 @@ int32_t Tokenizer::token_id(std::string_view token) const {
   if (auto it = impl_->added_ids.find(key); it != impl_->added_ids.end()) return it->second;
   if (auto it = impl_->vocab.find(key); it != impl_->vocab.end()) return it->second;
   return -1;
+}
+
+std::string model_tokenizer_path(const std::string& model, const std::string& override_path) {
+  namespace fs = std::filesystem;
+  if (!override_path.empty()) return override_path;
+  std::error_code ec;
+  if (fs::is_regular_file(model, ec) && fs::path(model).extension() == ".gguf") return model;
+  const fs::path p = fs::path(model) / "tokenizer.json";
+  return fs::exists(p, ec) ? p.string() : std::string();
 }
 
 }  // namespace elastic

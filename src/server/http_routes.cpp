@@ -725,8 +725,7 @@ Server::Impl::Impl(Model m, const std::string& dir, ServerOptions o) : opts(std:
   const fs::path d(dir);
   name = !opts.model_name.empty() ? opts.model_name : d.filename().empty() ? d.parent_path().filename().string()
                                                                             : d.filename().string();
-  std::string tp = opts.tokenizer_path;
-  if (tp.empty() && fs::exists(d / "tokenizer.json")) tp = (d / "tokenizer.json").string();
+  const std::string tp = model_tokenizer_path(dir, opts.tokenizer_path);  // a GGUF model carries its own
   if (!tp.empty()) tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tp));
   tmpl = ChatTemplate::from_model_dir(dir);
   check_options(opts);
