@@ -354,6 +354,14 @@ std::string write_tiny_qwen3(const std::string& tag, bool with_chat_template) {
   return d;
 }
 
+// What the engine alone answers for this prompt with greedy sampling, as the server's text: the Qwen3 end of turn
+// (151645) dropped, invalid UTF-8 (a token may end mid-character) replaced as the server's JSON writer does.
+std::string greedy_reference_text(const Model& m, const Tokenizer& tok, const std::vector<int32_t>& prompt, int n) {
+  std::vector<int32_t> out = generate(m, prompt, n, 0, SamplerParams{}, true, nullptr);
+  if (!out.empty() && out.back() == 151645) out.pop_back();
+  return json::parse(json(tok.decode(out)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+
 // A client of a test server on this machine, with a read timeout patient enough for a slow CI machine.
 httplib::Client client_of(int port) {
   httplib::Client c("127.0.0.1", port);
@@ -461,12 +469,8 @@ class ServerHttp : public ::testing::Test {
     dir_ = nullptr;
   }
   httplib::Client client() const { return client_of(srv_->port()); }
-  // What the engine alone produces for this prompt with greedy sampling (EOS text not included).
-  // Invalid UTF-8 (a token may end mid-character) is replaced as the server's JSON writer does.
   static std::string reference(const std::vector<int32_t>& prompt, int n) {
-    std::vector<int32_t> out = generate(srv_->model(), prompt, n, 0, SamplerParams{}, true, nullptr);
-    if (!out.empty() && out.back() == 151645) out.pop_back();
-    return json::parse(json(tok_->decode(out)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+    return greedy_reference_text(srv_->model(), *tok_, prompt, n);
   }
   static std::string* dir_;
   static Server* srv_;
@@ -1437,11 +1441,7 @@ TEST(ServerGguf, ServesAGgufModelWithItsOwnTokenizerAndTemplate) {
   srv.start();
   auto c = client_of(srv.port());
   const Tokenizer tok = Tokenizer::from_file(qwen3_tok_dir() + "/tokenizer.json");
-  auto reference = [&](const std::vector<int32_t>& prompt, int n) {
-    std::vector<int32_t> out = generate(ref, prompt, n, 0, SamplerParams{}, true, nullptr);
-    if (!out.empty() && out.back() == 151645) out.pop_back();
-    return json::parse(json(tok.decode(out)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
-  };
+  auto reference = [&](const std::vector<int32_t>& prompt, int n) { return greedy_reference_text(ref, tok, prompt, n); };
   int st = 0;
   json r = post_json(c, "/v1/completions", {{"prompt", "The capital of France is"}, {"max_tokens", 6}, {"temperature", 0}},
                      &st);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include "byte_level.h"
 #include "scratch_dir.h"
 
 namespace {
@@ -37,24 +38,7 @@ void write_file(const fs::path& p, const std::string& s) {
   f << s;
 }
 
-std::vector<std::string> byte_level_chars() {
-  std::vector<std::string> out(256);
-  auto utf8 = [](uint32_t cp) {
-    std::string s;
-    if (cp < 0x80) s += char(cp);
-    else {
-      s += char(0xC0 | (cp >> 6));
-      s += char(0x80 | (cp & 0x3F));
-    }
-    return s;
-  };
-  uint32_t next = 256;
-  for (int b = 0; b < 256; ++b) {
-    bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    out[b] = utf8(direct ? b : next++);
-  }
-  return out;
-}
+using elastic::testing::byte_level_chars;
 
 TEST(TokenizerTest, Qwen3CasesMatchReference) {
   const Tokenizer& t = qwen();

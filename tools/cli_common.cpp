@@ -1,9 +1,9 @@
 #include "cli_common.h"
 
-#include "elastic/tokenizer.h"
 #include "elastic/chat_template.h"
 
 #include "elastic/router.h"
+#include "elastic/tokenizer.h"
 
 #include <omp.h>
 

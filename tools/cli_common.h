@@ -47,9 +47,9 @@ void add_threads_option(CLI::App* sub, int& threads);
 void add_sparse_options(CLI::App* sub, SparseSettings& s, const std::string& what = "");
 
 std::string ids_json(const std::vector<int32_t>& ids);
-// The tokenizer.json to use: the override when given, else the model folder's (throws when absent).
+// model_tokenizer_path (the override, a GGUF file itself, or the folder's tokenizer.json); throws when there is none.
 std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path);
-// Whether a tokenizer is at hand: an override, a GGUF file, or the folder's tokenizer.json.
+// Whether model_tokenizer_path finds one.
 bool has_tokenizer(const std::string& model, const std::string& override_path);
 // --routing FILE, --mode full|ssa|xattn (all heads one mode) or --router R (routes each prompt); at most one.
 void apply_routing(Model& m, const std::string& routing_file, const std::string& mode, const std::string& router = "");

@@ -23,6 +23,7 @@
 #include "elastic/safetensors.h"
 #include "elastic/tokenizer.h"
 #include "elastic/train.h"
+#include "../byte_level.h"
 
 namespace elastic::fuzz {
 namespace {
@@ -60,20 +61,7 @@ std::vector<std::string> fixture_seeds(const std::string& fixtures, const std::s
 
 // ------------------------------------------------------------------------------------------- tokenizer.json
 
-// GPT-2's byte-to-unicode map: the vocabulary strings of a byte-level BPE.
-std::vector<std::string> byte_level_chars() {
-  std::vector<std::string> out(256);
-  uint32_t next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    const uint32_t cp = direct ? static_cast<uint32_t>(b) : next++;
-    std::string s;
-    if (cp < 0x80) s += static_cast<char>(cp);
-    else s += static_cast<char>(0xC0 | (cp >> 6)), s += static_cast<char>(0x80 | (cp & 0x3F));
-    out[b] = s;
-  }
-  return out;
-}
+using elastic::testing::byte_level_chars;
 
 // A small tokenizer.json with every part the loader reads: byte-level vocab, merges (both forms), added tokens,
 // an NFC normalizer Sequence and a pre-tokenizer Sequence of Split, Digits and ByteLevel.
