@@ -1456,6 +1456,20 @@ TEST(ServerGguf, ServesAGgufModelWithItsOwnTokenizerAndTemplate) {
   EXPECT_EQ(r["usage"]["prompt_tokens"], chat.size());
   EXPECT_EQ(r["choices"][0]["message"]["content"], reference(chat, 6));
   srv.stop();
+  // A GGUF converted without tokenizer metadata still serves token ids; text gets 400 no_tokenizer, not a refusal to
+  // start.
+  const std::string bare = dir + "/bare.gguf";
+  elastic::testing::write_model_gguf(ref, bare, {elastic::testing::GgmlType::F32, true, ""});
+  Server srv2(bare, o);
+  srv2.start();
+  auto c2 = client_of(srv2.port());
+  r = post_json(c2, "/v1/completions", {{"prompt", "text"}, {"max_tokens", 2}}, &st);
+  EXPECT_EQ(st, 400) << r.dump();
+  EXPECT_EQ(r["error"]["code"], "no_tokenizer") << r.dump();
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("no tokenizer"), std::string::npos) << r.dump();
+  r = post_json(c2, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}}, &st);
+  EXPECT_EQ(st, 200) << r.dump();
+  srv2.stop();
   fs::remove_all(src);
   fs::remove_all(dir);
 }

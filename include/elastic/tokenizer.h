@@ -12,8 +12,8 @@
 namespace elastic {
 
 // The tokenizer a model comes with, one rule for every command and the server: `override_path` when given, else the
-// model itself when it is a GGUF file (which carries its tokenizer), else the model folder's tokenizer.json when
-// there is one; "" when there is none.
+// model itself when it is a GGUF file whose metadata carries a tokenizer, else the model folder's tokenizer.json
+// when there is one; "" when there is none.
 std::string model_tokenizer_path(const std::string& model, const std::string& override_path = "");
 
 class Tokenizer {

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/gguf.h"
 #include "elastic/json_file.h"
 #include "elastic/text_file.h"
 
@@ -797,7 +798,10 @@ std::string model_tokenizer_path(const std::string& model, const std::string& ov
   namespace fs = std::filesystem;
   if (!override_path.empty()) return override_path;
   std::error_code ec;
-  if (fs::is_regular_file(model, ec) && fs::path(model).extension() == ".gguf") return model;
+  // A GGUF file has a tokenizer only when its metadata holds one (a file converted without it serves token ids).
+  // Opening it reads the header through mmap, once at start-up; a broken file throws, naming it.
+  if (fs::is_regular_file(model, ec) && fs::path(model).extension() == ".gguf")
+    return gguf::File::open(model).find("tokenizer.ggml.model") ? model : std::string();
   const fs::path p = fs::path(model) / "tokenizer.json";
   return fs::exists(p, ec) ? p.string() : std::string();
 }

@@ -121,7 +121,12 @@ Router Router::load(const std::string& path, const ModelConfig& model) {
   if (gate != "softmax" && gate != "sigmoid") throw std::runtime_error(path + ": unknown router gate '" + gate + "'");
   s.sigmoid = gate == "sigmoid";
   try {
-    s.sparse_mode = parse_head_mode(meta_str(m, "sparse_mode", path));
+    const std::string sparse_mode = meta_str(m, "sparse_mode", path);
+    try {
+      s.sparse_mode = parse_head_mode(sparse_mode);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(path + ": router metadata 'sparse_mode': " + e.what());
+    }
     const nlohmann::json sp = parse_json_text(meta_str(m, "sparse", path), path + ": router metadata 'sparse'");
     s.sparse.block = json_int(sp, "block_size", path, 1, kMaxContext);
     s.sparse.sink = json_int(sp, "sink", path, 0, kMaxContext);

@@ -759,7 +759,8 @@ Server::Impl::Impl(Model m, const std::string& dir, ServerOptions o) : opts(std:
 
 const Tokenizer& Server::Impl::need_tok(const std::string& param) const {
   if (!tok)
-    throw ApiError(400, "the model folder has no tokenizer.json: send 'prompt' as a list of token ids", param,
+    throw ApiError(400, "the model has no tokenizer (no tokenizer.json in its folder, none in its GGUF metadata): "
+                   "send 'prompt' as a list of token ids", param,
                    "no_tokenizer");
   return *tok;
 }

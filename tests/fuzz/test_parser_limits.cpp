@@ -177,6 +177,8 @@ TEST(RouterFileHostile, MetadataOutOfRangeIsRefusedByKey) {
   expect_error([&] { Router::load(q, c); }, {q, "tau must be in (0, 1]"});
   q = with_meta("targets", std::string(100000, '[') + std::string(100000, ']'));
   expect_error([&] { Router::load(q, c); }, {q, "nested deeper than 128 levels"});
+  q = with_meta("sparse_mode", "hattn");  // found by the fuzzer: the mode parser's error did not name the file
+  expect_error([&] { Router::load(q, c); }, {q, "'sparse_mode': unknown head mode 'hattn'"});
 }
 
 TEST(TrainDataHostile, IdsOutsideInt32OrTheVocabularyAreRefusedAtLoad) {
