@@ -64,6 +64,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxHeadBytes = 64 * 1024;     // request line + headers
 constexpr size_t kMaxChunkLine = 1024;          // one chunk-size line (hex size + extensions)
+// How long a refused connection is drained before it closes (Conn::draining).
+constexpr auto kLingerTime = std::chrono::seconds(2);
 constexpr size_t kChunkFramingSlack = 64 * 1024;
 constexpr int kWriteTimeoutMs = 5000;           // per write, as httplib's default
 constexpr int kMaxRequestsPerConnection = 1000;
@@ -134,6 +136,11 @@ struct Conn {
   bool continue_sent = false;
   bool light = false;          // a GET: served by the light pool
   int served = 0;              // requests answered on this connection
+  // Refused while the client may still be sending (413, 408, 400): the response is out and our side shut for
+  // writing; what still arrives is read and dropped until drain_until, then the socket closes. Closing at once with
+  // unread bytes makes the kernel send a reset, which can destroy the response before the client reads it.
+  bool draining = false;
+  Clock::time_point drain_until;
 
   ~Conn() {
     if (fd >= 0) ::close(fd);
@@ -371,7 +378,8 @@ class Connections {
   void on_readable(std::unique_ptr<Conn>& c);
   void progress(std::unique_ptr<Conn>& c);
   void expire(std::unique_ptr<Conn>& c, Clock::time_point now);
-  void refuse(std::unique_ptr<Conn>& c, const Refusal& r);
+  // linger: c is in pending_ and is drained before it closes (Conn::draining); else it closes at once.
+  void refuse(std::unique_ptr<Conn>& c, const Refusal& r, bool linger = true);
   void shed_oldest();
   void dispatch(std::unique_ptr<Conn>& c);
   void serve(std::unique_ptr<Conn> c);  // on a worker
@@ -449,6 +457,7 @@ class Connections::Pool {
 Clock::time_point Connections::deadline(const Conn& c) const {
   using std::chrono::duration_cast;
   auto secs = [](double s) { return duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
+  if (c.draining) return c.drain_until;
   return c.head_len ? c.head_at + secs(o_.body_timeout_s) : c.since + secs(o_.header_timeout_s);
 }
 
@@ -459,11 +468,14 @@ void Connections::close_conn(std::unique_ptr<Conn>& c) {
   publish_open();
 }
 
-void Connections::refuse(std::unique_ptr<Conn>& c, const Refusal& r) {
+void Connections::refuse(std::unique_ptr<Conn>& c, const Refusal& r, bool linger) {
   send_now(c->fd, front_response(r.status, r.code, r.message));
   count(r.status);
   if (o_.log) std::fprintf(stderr, "http: refused %d %s: %s\n", r.status, r.code.c_str(), r.message.c_str());
-  close_conn(c);
+  if (!linger) return close_conn(c);
+  ::shutdown(c->fd, SHUT_WR);
+  c->draining = true;
+  c->drain_until = Clock::now() + kLingerTime;
 }
 
 void Connections::shed_oldest() {
@@ -499,12 +511,13 @@ void Connections::accept_all(int lfd) {
     c->fd = fd;
     ++open_;
     if (fd >= FD_SETSIZE) {  // httplib's request handling answers 500 past FD_SETSIZE (it uses select)
-      refuse(c, {503, "unavailable", "too many open connections"});
+      refuse(c, {503, "unavailable", "too many open connections"}, false);
       continue;
     }
     if (open_ > o_.max_connections) shed_oldest();
     if (open_ > o_.max_connections) {  // every other connection is being answered: this one cannot wait
-      refuse(c, {503, "unavailable", "too many open connections (" + std::to_string(o_.max_connections) + ")"});
+      refuse(c, {503, "unavailable", "too many open connections (" + std::to_string(o_.max_connections) + ")"},
+             false);
       continue;
     }
     publish_open();
@@ -525,6 +538,15 @@ void Connections::on_readable(std::unique_ptr<Conn>& c) {
   // Never more than the largest request could need: the head limit plus the raw body limit.
   const size_t cap = kMaxHeadBytes + lim_.raw_body() + 1;
   char tmp[16384];
+  if (c->draining) {  // dropped unread, a bounded number of reads per wake-up
+    for (int i = 0; i < 64; ++i) {
+      const ssize_t n = ::recv(c->fd, tmp, sizeof tmp, MSG_DONTWAIT);
+      if (n > 0) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+      return close_conn(c);  // the client read the response and closed
+    }
+    return;
+  }
   while (c->buf.size() < cap) {
     const ssize_t n = ::recv(c->fd, tmp, std::min(sizeof tmp, cap - c->buf.size()), MSG_DONTWAIT);
     if (n > 0) {
@@ -540,6 +562,7 @@ void Connections::on_readable(std::unique_ptr<Conn>& c) {
 
 void Connections::expire(std::unique_ptr<Conn>& c, Clock::time_point now) {
   if (now < deadline(*c)) return;
+  if (c->draining) return close_conn(c);
   if (c->buf.empty()) return close_conn(c);  // an idle connection: closed silently, as a keep-alive timeout
   {
     std::lock_guard g(met_.mu);
