@@ -169,6 +169,16 @@ if [ -w /dev/full ]; then
   expect_fail "cannot write standard output" sh -c "'$BIN' bench -c 128 --modes full -r 1 -o csv > /dev/full"
   expect_fail "error: elastic generate: cannot write standard output" sh -c "$G -n 2 --print-ids > /dev/full"
 fi
+# No -m: the default model, found beside the build folder of the binary whatever the working folder is.
+mkdir -p $TMP/elsewhere/build && cp "$BIN" $TMP/elsewhere/build/elastic
+expect_fail "generate: no -m given and the default model models/SmolLM2-135M-Instruct.Q4_1.gguf is not here" \
+  sh -c "cd $TMP && $TMP/elsewhere/build/elastic generate -p hi -n 1"
+if [ "${ELASTIC_SKIP_REAL_MODEL:-0}" != 1 ]; then  # scripts/setup.sh fetched it
+  out=$(cd $TMP && "$BIN" generate -p "The capital of France is" -n 3 2>&1) ||
+    { echo "FAIL: generate without -m: $out" | head -3; fails=$((fails+1)); }
+  grep -qF "generate: no -m given: using the default model" <<<"$out" ||
+    { echo "FAIL: generate without -m does not say which model: $out" | head -3; fails=$((fails+1)); }
+fi
 rm -rf $TMP
 [ $fails -eq 0 ] && echo "all CLI error cases passed"
 exit $fails

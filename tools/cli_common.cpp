@@ -50,6 +50,29 @@ CLI::Validator finite_check(double lo, double hi, bool lo_open) {
 }  // namespace
 
 CLI::Validator in_range(double lo, double hi) { return finite_check(lo, hi, false); }
+
+void add_model_option(CLI::App* sub, std::string& model) {
+  sub->add_option("-m,--model", model,
+                  std::string("Hugging Face model folder or .gguf file (default: ") + kDefaultModel + ", which "
+                  "scripts/setup.sh fetches)");
+}
+
+void resolve_model(std::string& model, const char* cmd) {
+  namespace fs = std::filesystem;
+  if (!model.empty()) return;
+  std::vector<fs::path> where = {fs::path(kDefaultModel)};
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) where.push_back(exe.parent_path().parent_path() / kDefaultModel);
+  for (const fs::path& p : where)
+    if (fs::is_regular_file(p, ec)) {
+      model = p.lexically_normal().string();
+      std::fprintf(stderr, "%s: no -m given: using the default model %s\n", cmd, model.c_str());
+      return;
+    }
+  throw std::runtime_error(std::string(cmd) + ": no -m given and the default model " + kDefaultModel +
+                           " is not here or beside the build folder (bash scripts/get_smollm2.sh fetches it)");
+}
 CLI::Validator positive_up_to(double hi) { return finite_check(0, hi, true); }
 
 void add_threads_option(CLI::App* sub, int& threads) {

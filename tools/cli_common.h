@@ -43,6 +43,14 @@ constexpr int kMaxTokens = 1 << 24;
 // on has more than 1024 cores.
 constexpr int kMaxThreads = 1024;
 void add_threads_option(CLI::App* sub, int& threads);
+// -m/--model: a Hugging Face folder or a .gguf file. Optional: without it a command runs the default model, the file
+// scripts/setup.sh fetches (kDefaultModel), and resolve_model says so.
+constexpr const char* kDefaultModel = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+void add_model_option(CLI::App* sub, std::string& model);
+// Fills an empty `model` with the default model, looked up under the working folder and then beside the build folder
+// of this executable (<repo>/build/elastic -> <repo>/models); prints "<cmd>: no -m given: ..." on stderr. Throws,
+// naming the fetch script, when it is not there.
+void resolve_model(std::string& model, const char* cmd);
 // --block / --sink / --local of the sparse heads (the limits of validate_sparse).
 void add_sparse_options(CLI::App* sub, SparseSettings& s, const std::string& what = "");
 

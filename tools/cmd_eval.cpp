@@ -46,7 +46,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("eval", "Long-context evaluation (RULER-style suite) over routing methods");
-  sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
+  add_model_option(sub, o->model);
   sub->add_option("--suite", o->suite, "Suite (only 'ruler' for now)");
   sub->add_option("--tasks", o->tasks, "Comma list of tasks (default: all)");
   sub->add_option("--lengths", o->lengths, "Comma list of prompt lengths, k = 1024 (e.g. 4k,8k)");
@@ -69,6 +69,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
   sub->add_flag("--no-chat", o->no_chat, "Do not apply the model's chat template to prompts");
   add_sparse_options(sub, o->sparse, " of the built-in methods");
   cmds.push_back({sub, [o] {
+    resolve_model(o->model, "eval");
     o->sparse.xattn.block = o->sparse.block;
     validate_sparse(o->sparse, "eval");
     set_threads(o->threads);

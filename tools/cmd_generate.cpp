@@ -28,7 +28,7 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("generate", "Generate a continuation of a prompt");
-  sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
+  add_model_option(sub, o->model);
   auto* opt_p = sub->add_option("-p,--prompt", o->prompt, "Prompt text");
   auto* opt_ids = sub->add_option("--ids", o->ids, "Prompt as a 1-D int32 .npy of token ids");
   opt_p->excludes(opt_ids);
@@ -46,6 +46,7 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--device", o->device, "cpu, or cuda (bf16 GPU backend)")->check(CLI::IsMember({"cpu", "cuda"}));
   add_routing_options(sub, o->routing, o->mode, o->router, o->chunk);
   cmds.push_back({sub, [o] {
+    resolve_model(o->model, "generate");
     set_threads(o->threads);
     if (o->prompt.empty() && o->ids.empty()) throw std::runtime_error("generate: give -p TEXT or --ids IDS.npy");
     Model m = Model::load(o->model);

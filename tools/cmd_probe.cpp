@@ -17,7 +17,7 @@ void add_probe_command(CLI::App& app, Commands& cmds) {
   struct Opts { std::string model, hay, out = "heads.json", svg, tok; ProbeOptions po; int threads = 0; };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("probe", "Measure retrieval scores per (layer, KV head) with needle-in-a-haystack prompts");
-  sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
+  add_model_option(sub, o->model);
   sub->add_option("--haystack", o->hay, "Haystack text file (default: built-in filler)");
   sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's; random ids when absent)");
   sub->add_option("-c,--ctx-size", o->po.context, "Prompt length in tokens (at most the model's context)")
@@ -29,6 +29,7 @@ void add_probe_command(CLI::App& app, Commands& cmds) {
   sub->add_option("-o,--output", o->out, "Scores JSON");
   sub->add_option("--svg", o->svg, "Heat map SVG (default: output with .svg)");
   cmds.push_back({sub, [o] {
+    resolve_model(o->model, "probe");
     set_threads(o->threads);
     o->po.haystack_file = o->hay;
     Model m = Model::load(o->model);

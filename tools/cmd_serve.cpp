@@ -23,7 +23,7 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with per-request routing");
-  sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
+  add_model_option(sub, o->model);
   sub->add_option("--host", o->host, "Address to listen on");
   sub->add_option("--port", o->port, "Port (0 = any free port)")->check(CLI::Range(0, 65535));
   sub->add_option("-c,--ctx-size", o->ctx, "Max prompt + max_tokens per request (default: the model's)")
@@ -56,6 +56,7 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
   auto* parallel_opt = sub->get_option("--parallel");
   auto* budget_opt = sub->get_option("--kv-budget-mib");
   cmds.push_back({sub, [o, parallel_opt, budget_opt] {
+    resolve_model(o->model, "serve");
     const bool gpu = o->device == "cuda";
     if (gpu && parallel_opt->count() && o->parallel != 1)
       throw std::runtime_error("serve: --device cuda runs one request at a time; --parallel must be 1");

@@ -32,7 +32,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("train-router", "Train the router of a frozen model on task-labelled data");
-  sub->add_option("-m,--model", o->model, "Hugging Face model folder")->required();
+  add_model_option(sub, o->model);
   sub->add_option("--data", o->data, "JSONL training data (repeatable); default: the built-in task mix");
   sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's; none = ids only)");
   sub->add_option("--builtin-samples", o->builtin_samples, "Samples of the built-in mix")
@@ -69,6 +69,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--log", o->log, "Per-step JSONL log");
   sub->add_option("--plots", o->plots, "Plot prefix (default: the log path without extension)");
   cmds.push_back({sub, [o] {
+    resolve_model(o->model, "train-router");
     set_threads(o->threads);
     // --gpus N: this process either launches the N ranks and waits, or is one of them.
     const RankEnv env = rank_env();

@@ -1,5 +1,7 @@
 #include "elastic/attention.h"
 
+#include "model/ops.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -38,10 +40,7 @@ int sparse_row(const float* q, const HeadKV& kv, int p, int hd, int B, float sca
     if (!keep(kb)) continue;
     const int j1 = std::min(p + 1, (kb + 1) * B);
     for (int j = kb * B; j < j1; ++j) {
-      const float* kj = kv.k(j);
-      float s = 0.f;
-      for (int d = 0; d < hd; ++d) s += q[d] * kj[d];
-      s *= scale;
+      const float s = dot(q, kv.k(j), hd) * scale;
       scores[j] = s;
       mx = std::max(mx, s);
       ++n;

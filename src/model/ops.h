@@ -6,8 +6,23 @@
 
 namespace elastic {
 
-// y[T, N] = x[T, K] * W[N, K]^T (+ b)
+// C[M, N] = alpha * op(A) * op(B) + beta * C, row-major, op = transpose when the flag is set: every fp32 matrix
+// product of the engine and the trainer. OpenBLAS runs single-threaded inside it and the product is split over the
+// OpenMP threads, so one thread pool (OpenMP's, sized by -t) owns the cores: OpenBLAS's own pool beside it
+// oversubscribed them and busy-waited (issue 24: 42% of decode samples in libgomp's spin loop at -t 2).
+void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+           float beta, float* C, int ldc);
+
+// y[T, N] = x[T, K] * W[N, K]^T (+ b). Up to kRowwiseRows rows (decode, small batches) this is linear_rowwise; more
+// rows go to sgemm.
+constexpr int kRowwiseRows = 8;
 void linear(const float* x, const float* W, const std::vector<float>& b, float* y, int T, int N, int K);
+// y[B, N] = x[B, K] * W[N, K]^T (+ b) where every output is one dot product whose order of operations depends only on
+// K: the same bits for any B, any row position and any thread count (batch-invariant decode). It reads W in place;
+// sgemm repacks W on every call, which at one row was 81% of a decode profile.
+void linear_rowwise(const float* x, const float* W, const std::vector<float>& b, float* y, int B, int N, int K);
+// sum_k a[k] * b[k] in the order of linear_rowwise (vectorized, two 8-wide accumulators).
+float dot(const float* a, const float* b, int K);
 // RMSNorm over rows of length n, fp32 math as in HF: x * rsqrt(mean(x^2) + eps) * w. In place allowed.
 void rmsnorm_rows(const float* x, const float* w, float* y, int rows, int n, float eps);
 // Inverse frequencies [hd/2] with optional llama3 scaling (same formulas as transformers' rope init).

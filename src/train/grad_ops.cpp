@@ -2,6 +2,8 @@
 
 #include <cblas.h>
 
+#include "model/ops.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -10,8 +12,7 @@ namespace elastic::train {
 template <>
 void gemm<float>(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
                  float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
-              B, ldb, beta, C, ldc);
+  elastic::sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);  // the engine's one threaded product
 }
 template <>
 void gemm<double>(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda, const double* B,
