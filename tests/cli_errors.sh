@@ -2,7 +2,7 @@
 # Bad input at the CLI: each case must exit non-zero and print a message naming the problem.
 # Usage: cli_errors.sh ELASTIC_BIN SOURCE_DIR [HAS_CUDA: 1 (default) or 0, a build configured with ELASTIC_CUDA=OFF]
 set -u
-BIN=$1; SRC=$2; HAS_CUDA=${3:-1}; FX=$SRC/tests/fixtures; TMP=$(mktemp -d); fails=0
+BIN=$(realpath "$1"); SRC=$2; HAS_CUDA=${3:-1}; FX=$SRC/tests/fixtures; TMP=$(mktemp -d); fails=0
 expect_fail() {  # expect_fail "needle" cmd...
   local needle=$1; shift
   out=$("$@" 2>&1); rc=$?
