@@ -19,8 +19,9 @@ def llama_case(model, ids, n_new, threads):
     t0 = time.perf_counter()
     llm.eval(ids)
     t1 = time.perf_counter()
-    for _ in range(n_new):
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    n_vocab = llm.n_vocab()
+    for _ in range(n_new):  # greedy; without logits_all the last position's logits are only in the context
+        tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
         llm.eval([tok])
     t2 = time.perf_counter()
     print(f"{t1 - t0} {t2 - t1}")
