@@ -126,5 +126,16 @@ TEST(Linear, SmallAndLargeRowCountsMatchFloat64) {
   }
 }
 
+TEST(BlasKernels, AWarningNamesTheRemedyOnlyWhenOpenBlasKernelsAreOlderThanTheCpu) {
+  const std::string w = blas_kernel_warning("Prescott", true, true);
+  EXPECT_NE(w.find("'Prescott' kernels"), std::string::npos) << w;
+  EXPECT_NE(w.find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << w;
+  EXPECT_NE(blas_kernel_warning("Sandybridge", true, false).find("OPENBLAS_CORETYPE=Haswell"), std::string::npos);
+  EXPECT_EQ(blas_kernel_warning("Prescott", false, false), "");  // an old CPU: the kernels fit it
+  EXPECT_EQ(blas_kernel_warning("SkylakeX", true, true), "");
+  EXPECT_EQ(blas_kernel_warning("Haswell", true, false), "");
+  EXPECT_EQ(blas_kernel_warning("Zen", true, false), "");
+}
+
 }  // namespace
 }  // namespace elastic

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 namespace elastic {
 
@@ -79,11 +81,29 @@ float dot(const float* a, const float* b, int K) {
   return y;
 }
 
+std::string blas_kernel_warning(const std::string& core, bool cpu_avx2, bool cpu_avx512) {
+  // OpenBLAS's x86 cores without AVX2 kernels (its DYNAMIC_ARCH list); Sandybridge has AVX but not FMA.
+  static const char* const old_cores[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",
+                                          "Opteron", "Opteron(SSE3)", "Barcelona", "Bobcat", "Sandybridge", "Katmai",
+                                          "Coppermine", "Northwood", "Banias"};
+  if (!cpu_avx2) return {};
+  bool old = false;
+  for (const char* c : old_cores) old = old || core == c;
+  if (!old) return {};
+  const std::string fit = cpu_avx512 ? "SkylakeX" : "Haswell";
+  return "OpenBLAS runs its '" + core + "' kernels on this CPU, which has " + (cpu_avx512 ? "AVX-512" : "AVX2") +
+         ": prompt processing is 2-3x slower than it can be. Set OPENBLAS_CORETYPE=" + fit +
+         " in the environment (OpenBLAS reads it when it loads), or use an OpenBLAS that knows this CPU";
+}
+
 void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
            float beta, float* C, int ldc) {
   // Once per process: OpenBLAS's pool would otherwise run beside the OpenMP threads that call it.
   static const bool blas_single_threaded = [] {
     openblas_set_num_threads(1);
+    const std::string w = blas_kernel_warning(openblas_get_corename(), __builtin_cpu_supports("avx2"),
+                                              __builtin_cpu_supports("avx512f"));
+    if (!w.empty()) std::fprintf(stderr, "warning: %s\n", w.c_str());
     return true;
   }();
   (void)blas_single_threaded;

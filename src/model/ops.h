@@ -1,5 +1,6 @@
 #pragma once
 // The decoder's CPU building blocks (fp32), shared by the forward pass, the backward pass and the trainer.
+#include <string>
 #include <vector>
 
 #include "elastic/config.h"
@@ -12,6 +13,11 @@ namespace elastic {
 // oversubscribed them and busy-waited (issue 24: 42% of decode samples in libgomp's spin loop at -t 2).
 void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
            float beta, float* C, int ldc);
+
+// The warning sgemm prints once when OpenBLAS picked kernels older than the CPU (OpenBLAS 0.3.21 does not recognise
+// some recent Xeons and falls back to its SSE3 "Prescott" kernels: prefill 2-3x slower), naming the remedy; empty
+// when its kernels fit the CPU. `core` is openblas_get_corename().
+std::string blas_kernel_warning(const std::string& core, bool cpu_avx2, bool cpu_avx512);
 
 // y[T, N] = x[T, K] * W[N, K]^T (+ b). Up to kRowwiseRows rows (decode, small batches) this is linear_rowwise; more
 // rows go to sgemm.
