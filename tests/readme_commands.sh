@@ -41,8 +41,13 @@ for c in "${cmds[@]}"; do
   esac
   s=$(shorten "$c")
   if [[ "$s" == "build/elastic serve "* ]]; then
+    s=$(sed -E 's/[[:space:]]*&?[[:space:]]*$//' <<<"$s")  # runs in the background here anyway
+    if [ -n "$SERVE_PID" ]; then  # the README's previous server
+      kill $SERVE_PID 2>/dev/null || { echo "FAIL: the server started before exited early:"; tail -5 "$TMP/serve.log"; fails=$((fails+1)); }
+      wait $SERVE_PID 2>/dev/null
+    fi
     port=$(sed -nE 's/.*--port ([0-9]+).*/\1/p' <<<"$s")
-    eval "$s -q" >"$TMP/serve.log" 2>&1 &
+    (eval "exec $s -q") >"$TMP/serve.log" 2>&1 &  # exec: the PID is the server itself
     SERVE_PID=$!
     for _ in $(seq 1 300); do
       curl -sf "localhost:$port/health" >/dev/null 2>&1 && break
