@@ -2,6 +2,10 @@
 
 #include "model/ops.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,43 +31,123 @@ bool streaming_keeps(int qb, int kb, const SparseSettings& s) {
 
 namespace {
 
-// One query row at absolute position p against the keys of the allowed blocks (token-causal inside them):
-// exact softmax (max-subtracted) in fp32. keep(kb) says whether key block kb is computed. Returns keys touched.
-// probs (optional, [p + 1], zeroed by the caller) receives the softmax weights, for probing.
+// ---- Tiles. One work unit is one query block's rows (of this call) for one set of query heads that keep the same key
+// blocks: a KV head's whole GQA group (full and streaming heads), or a single XAttention head at prefill (its block
+// selection is per query head). The unit's query rows are gathered into Q [heads x rows, hd]; its kept keys, read in
+// place as runs of rows with one stride (the cache, its ring, this call's fresh rows), give the scores
+// S [heads x rows, keys] and then O = softmax(S) V with matrix products, so each key row is read once per unit
+// instead of once per query row, and the products run at BLAS speed. The softmax is exact (max-subtracted, fp32).
+
+// A run of key positions [j0, j1) whose rows sit `stride` floats apart from k / v.
+struct KeyRun {
+  int j0, j1;
+  const float *k, *v;
+  int stride;
+};
+
+// The unit's kept key positions as runs: blocks kb <= qb with keep(kb), clipped to the last row's position.
 template <class Keep>
-int sparse_row(const float* q, const HeadKV& kv, int p, int hd, int B, float scale, const Keep& keep,
-               float* scores, float* out, float* probs = nullptr) {
-  const int qb = p / B;
-  float mx = -INFINITY;
-  int n = 0;
+void key_runs(const HeadKV& kv, int qb, int B, int last_pos, const Keep& keep, std::vector<KeyRun>& runs) {
+  runs.clear();
   for (int kb = 0; kb <= qb; ++kb) {
     if (!keep(kb)) continue;
-    const int j1 = std::min(p + 1, (kb + 1) * B);
+    const int j1 = std::min(last_pos + 1, (kb + 1) * B);
     for (int j = kb * B; j < j1; ++j) {
-      const float s = dot(q, kv.k(j), hd) * scale;
-      scores[j] = s;
-      mx = std::max(mx, s);
-      ++n;
+      const float *k = kv.k(j), *v = kv.v(j);
+      const int stride = j >= kv.pos0 ? kv.new_stride : kv.hd;
+      if (!runs.empty()) {
+        KeyRun& r = runs.back();
+        const size_t off = static_cast<size_t>(j - r.j0) * r.stride;
+        if (r.j1 == j && r.stride == stride && r.k + off == k && r.v + off == v) {
+          r.j1 = j + 1;
+          continue;
+        }
+      }
+      runs.push_back({j, j + 1, k, v, stride});
     }
   }
-  float sum = 0.f;
-  std::fill(out, out + hd, 0.f);
-  for (int kb = 0; kb <= qb; ++kb) {
-    if (!keep(kb)) continue;
-    const int j1 = std::min(p + 1, (kb + 1) * B);
-    for (int j = kb * B; j < j1; ++j) {
-      const float e = std::exp(scores[j] - mx);
-      sum += e;
-      if (probs) probs[j] = e;
-      const float* vj = kv.v(j);
-      for (int d = 0; d < hd; ++d) out[d] += e * vj[d];
+}
+
+// exp over n floats (glibc's vector expf, within 1 ulp: the same function the scalar expf is, 8 lanes at a time).
+#if defined(__AVX2__)
+extern "C" __m256 _ZGVdN8v_expf(__m256);
+#endif
+void exp_inplace(float* x, int n) {
+  int i = 0;
+#if defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _ZGVdN8v_expf(_mm256_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) x[i] = std::exp(x[i]);
+}
+
+struct TileScratch {
+  std::vector<float> q, s, o;
+  std::vector<KeyRun> runs;
+};
+
+// One unit: query heads h0, h0 + 1, ... (n_h of them) at positions [p0, p1) of query block qb. Returns keys touched.
+template <class Keep>
+double attend_unit(const AttentionArgs& a, const HeadKV& kv, int h0, int n_h, int qb, int p0, int p1, int B,
+                   float scale, const Keep& keep, TileScratch& w) {
+  const int hd = a.head_dim, rows = p1 - p0, M = n_h * rows, n_pos = a.pos0 + a.T;
+  key_runs(kv, qb, B, p1 - 1, keep, w.runs);
+  int nk = 0;
+  for (const KeyRun& r : w.runs) nk += r.j1 - r.j0;
+  // Q rows: head-major, then position.
+  w.q.resize(static_cast<size_t>(M) * hd);
+  for (int i = 0; i < n_h; ++i)
+    for (int r = 0; r < rows; ++r)
+      std::copy_n(a.q + (static_cast<size_t>(p0 + r - a.pos0) * a.n_heads + h0 + i) * hd, hd,
+                  w.q.data() + (static_cast<size_t>(i) * rows + r) * hd);
+  // S = scale * Q K^T, run by run into S's columns.
+  w.s.resize(static_cast<size_t>(M) * nk);
+  int col = 0;
+  for (const KeyRun& r : w.runs) {
+    sgemm(false, true, M, r.j1 - r.j0, hd, scale, w.q.data(), hd, r.k, r.stride, 0.f, w.s.data() + col, nk);
+    col += r.j1 - r.j0;
+  }
+  // Causal inside the diagonal block (keys past a row's position), softmax per row.
+  double done = 0;
+  std::vector<float> inv(static_cast<size_t>(M));
+  for (int m = 0; m < M; ++m) {
+    const int p = p0 + m % rows;
+    float* srow = w.s.data() + static_cast<size_t>(m) * nk;
+    int c = 0, kept = 0;
+    for (const KeyRun& r : w.runs) {
+      for (int j = r.j0; j < r.j1; ++j, ++c)
+        if (j > p) srow[c] = -INFINITY;
+        else ++kept;
+    }
+    done += kept;
+    float mx = -INFINITY;
+    for (int c2 = 0; c2 < nk; ++c2) mx = std::max(mx, srow[c2]);
+    for (int c2 = 0; c2 < nk; ++c2) srow[c2] -= mx;
+    exp_inplace(srow, nk);
+    float sum = 0.f;
+    for (int c2 = 0; c2 < nk; ++c2) sum += srow[c2];
+    inv[m] = 1.f / sum;
+    // Probing: the softmax weights of the call's last position.
+    if (a.last_row_probs && p == n_pos - 1) {
+      float* probs = a.last_row_probs + static_cast<size_t>(h0 + m / rows) * n_pos;
+      c = 0;
+      for (const KeyRun& r : w.runs)
+        for (int j = r.j0; j < r.j1; ++j, ++c) probs[j] = srow[c] * inv[m];
     }
   }
-  const float inv = 1.f / sum;
-  for (int d = 0; d < hd; ++d) out[d] *= inv;
-  if (probs)
-    for (int j = 0; j <= p; ++j) probs[j] *= inv;
-  return n;
+  // O = P V, accumulated run by run; then each row divided by its sum and written to its head's output.
+  w.o.resize(static_cast<size_t>(M) * hd);
+  col = 0;
+  for (size_t i = 0; i < w.runs.size(); ++i) {
+    const KeyRun& r = w.runs[i];
+    sgemm(false, false, M, hd, r.j1 - r.j0, 1.f, w.s.data() + col, nk, r.v, r.stride, i ? 1.f : 0.f, w.o.data(), hd);
+    col += r.j1 - r.j0;
+  }
+  for (int m = 0; m < M; ++m) {
+    const float* orow = w.o.data() + static_cast<size_t>(m) * hd;
+    float* out = a.out + (static_cast<size_t>(p0 + m % rows - a.pos0) * a.n_heads + h0 + m / rows) * hd;
+    for (int d = 0; d < hd; ++d) out[d] = orow[d] * inv[m];
+  }
+  return done;
 }
 
 }  // namespace
@@ -99,19 +183,30 @@ void attention_forward(const AttentionArgs& a) {
 
   // Softmax weights of the final query position per query head (zero where a block is skipped), for probing.
   if (a.last_row_probs) std::fill(a.last_row_probs, a.last_row_probs + static_cast<size_t>(a.n_heads) * n_pos, 0.f);
-  const int total = a.T * a.n_heads;
+  // Work units (see attend_unit): per query block of this call, per KV head its group, or per query head for
+  // XAttention heads with a block selection.
+  struct Unit {
+    int h0, n_h, qb;
+  };
+  std::vector<Unit> units;
+  const int qb0 = a.pos0 / B, qb1 = (n_pos - 1) / B;
+  for (int qb = qb0; qb <= qb1; ++qb)
+    for (int kvh = 0; kvh < a.n_kv_heads; ++kvh) {
+      if (a.kv_heads && !a.kv_heads[kvh]) continue;  // another rank's head
+      if (a.modes[kvh] == HeadMode::XAttn && xmask[kvh * group].n_blocks > 0)
+        for (int h = kvh * group; h < (kvh + 1) * group; ++h) units.push_back({h, 1, qb});
+      else units.push_back({kvh * group, group, qb});
+    }
   double done = 0;
 #pragma omp parallel reduction(+ : done)
   {
-    std::vector<float> scores(static_cast<size_t>(n_pos));
-#pragma omp for schedule(dynamic, 4)
-    for (int i = 0; i < total; ++i) {
-      const int t = i / a.n_heads, h = i % a.n_heads, kvh = h / group, p = a.pos0 + t, qb = p / B;
-      if (a.kv_heads && !a.kv_heads[kvh]) continue;  // another rank's head
-      const size_t off = (static_cast<size_t>(t) * a.n_heads + h) * hd;
-      float* probs = (a.last_row_probs && t == a.T - 1) ? a.last_row_probs + static_cast<size_t>(h) * n_pos : nullptr;
-      done += sparse_row(a.q + off, a.kv[kvh], p, hd, B, scale, [&](int kb) { return keeps(h, qb, kb); },
-                         scores.data(), a.out + off, probs);
+    TileScratch w;
+#pragma omp for schedule(dynamic, 1)
+    for (size_t u = 0; u < units.size(); ++u) {
+      const Unit& un = units[u];
+      const int p0 = std::max(a.pos0, un.qb * B), p1 = std::min(n_pos, (un.qb + 1) * B);
+      done += attend_unit(a, a.kv[un.h0 / group], un.h0, un.n_h, un.qb, p0, p1, B, scale,
+                          [&](int kb) { return keeps(un.h0, un.qb, kb); }, w);
     }
   }
   if (!a.stats) return;
