@@ -91,6 +91,10 @@ class File {
   const TensorInfo& tensor(const std::string& name) const;
   // Tensor widened to fp32 (OpenMP over rows).
   std::vector<float> dequantize(const TensorInfo& t) const;
+  // Gives the pages of t's bytes back to the kernel (madvise MADV_DONTNEED on the read-only mapping: touched again,
+  // they are read from the file again). A loader that has widened a tensor calls it, so the file's pages and the
+  // fp32 copies are not resident together.
+  void release(const TensorInfo& t) const;
 
   [[noreturn]] void fail(const std::string& what) const;
 

@@ -426,4 +426,11 @@ std::vector<float> File::dequantize(const TensorInfo& t) const {
   return out;
 }
 
+void File::release(const TensorInfo& t) const {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(t.data) + t.n_bytes) / page * page;
+  if (b > a) (void)madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);  // only whole pages inside t
+}
+
 }  // namespace elastic::gguf
