@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace elastic::testing {
 
 inline std::vector<std::string> byte_level_chars() {
@@ -25,6 +27,14 @@ inline std::vector<std::string> byte_level_chars() {
     out[b] = utf8(direct ? static_cast<uint32_t>(b) : next++);
   }
   return out;
+}
+
+// {byte string: id} for the 256 byte tokens, ids 0..255: the base of a hand-made byte-level BPE vocabulary.
+inline nlohmann::json byte_level_vocab() {
+  const std::vector<std::string> chars = byte_level_chars();
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[chars[b]] = b;
+  return vocab;
 }
 
 }  // namespace elastic::testing

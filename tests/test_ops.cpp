@@ -34,6 +34,22 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& want
     ASSERT_NEAR(got[i], want[i], 1e-5 * mag[i] + 1e-6) << "output " << i;
 }
 
+// got[T, N] against x[T, K] W[N, K]^T + bias in float64 (expect_close's bound from the magnitude sums).
+void expect_linear_close(const std::vector<float>& got, const std::vector<float>& x, const std::vector<float>& W,
+                         const std::vector<float>& bias, int T, int N, int K) {
+  std::vector<double> want(static_cast<size_t>(T) * N), mag(want.size());
+  for (int t = 0; t < T; ++t)
+    for (int n = 0; n < N; ++n) {
+      double s = bias[n], sm = std::abs(bias[n]);
+      for (int k = 0; k < K; ++k) {
+        const double p = double(x[static_cast<size_t>(t) * K + k]) * W[static_cast<size_t>(n) * K + k];
+        s += p, sm += std::abs(p);
+      }
+      want[static_cast<size_t>(t) * N + n] = s, mag[static_cast<size_t>(t) * N + n] = sm;
+    }
+  expect_close(got, want, mag);
+}
+
 TEST(Sgemm, EveryTransposeAndThreadCountMatchesFloat64) {
   std::mt19937 g(7);
   // 130 x 300 x 70 is above sgemm's threading threshold; the sizes are not multiples of 16 so the last slab is short.
@@ -73,17 +89,7 @@ TEST(LinearRowwise, EveryRowHasTheSameBitsInAnyBatchAndThreadCount) {
     ThreadCount tc(1);
     for (int r = 0; r < B; ++r) linear_rowwise(x.data() + static_cast<size_t>(r) * K, W.data(), bias, alone.data() + static_cast<size_t>(r) * N, 1, N, K);
   }
-  std::vector<double> want(alone.size()), mag(alone.size());
-  for (int r = 0; r < B; ++r)
-    for (int n = 0; n < N; ++n) {
-      double s = bias[n], sm = std::abs(bias[n]);
-      for (int k = 0; k < K; ++k) {
-        const double p = double(x[static_cast<size_t>(r) * K + k]) * W[static_cast<size_t>(n) * K + k];
-        s += p, sm += std::abs(p);
-      }
-      want[static_cast<size_t>(r) * N + n] = s, mag[static_cast<size_t>(r) * N + n] = sm;
-    }
-  expect_close(alone, want, mag);
+  expect_linear_close(alone, x, W, bias, B, N, K);
   for (int threads : {1, 2, 4})
     for (int rows = 1; rows <= B; ++rows) {
       ThreadCount tc(threads);
@@ -92,8 +98,6 @@ TEST(LinearRowwise, EveryRowHasTheSameBitsInAnyBatchAndThreadCount) {
       for (size_t i = 0; i < y.size(); ++i)
         ASSERT_EQ(y[i], alone[i]) << rows << " rows, " << threads << " threads, output " << i;
     }
-  // dot() is the same sum.
-  for (int n = 0; n < N; ++n) EXPECT_EQ(dot(x.data(), W.data() + static_cast<size_t>(n) * K, K) + bias[n], alone[n]);
 }
 
 // linear: up to kRowwiseRows rows go through linear_rowwise (decode reads the weights in place, batch-invariant),
@@ -106,18 +110,8 @@ TEST(Linear, SmallAndLargeRowCountsMatchFloat64) {
     const std::vector<float> x = random_vec(static_cast<size_t>(T) * K, g);
     std::vector<float> y(static_cast<size_t>(T) * N);
     linear(x.data(), W.data(), bias, y.data(), T, N, K);
-    std::vector<double> want(y.size()), mag(y.size());
-    for (int t = 0; t < T; ++t)
-      for (int n = 0; n < N; ++n) {
-        double s = bias[n], sm = std::abs(bias[n]);
-        for (int k = 0; k < K; ++k) {
-          const double p = double(x[static_cast<size_t>(t) * K + k]) * W[static_cast<size_t>(n) * K + k];
-          s += p, sm += std::abs(p);
-        }
-        want[static_cast<size_t>(t) * N + n] = s, mag[static_cast<size_t>(t) * N + n] = sm;
-      }
     SCOPED_TRACE(testing::Message() << T << " rows");
-    expect_close(y, want, mag);
+    expect_linear_close(y, x, W, bias, T, N, K);
     if (T <= kRowwiseRows) {  // the decode path is the batch-invariant one
       std::vector<float> r(y.size());
       linear_rowwise(x.data(), W.data(), bias, r.data(), T, N, K);

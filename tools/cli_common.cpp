@@ -50,6 +50,12 @@ CLI::Validator finite_check(double lo, double hi, bool lo_open) {
 }  // namespace
 
 CLI::Validator in_range(double lo, double hi) { return finite_check(lo, hi, false); }
+CLI::Validator positive_up_to(double hi) { return finite_check(0, hi, true); }
+
+void add_threads_option(CLI::App* sub, int& threads) {
+  sub->add_option("-t,--threads", threads, "CPU threads (0 = one per core, at most " + std::to_string(kMaxThreads) + ")")
+      ->check(in_range(0, kMaxThreads));
+}
 
 void add_model_option(CLI::App* sub, std::string& model) {
   sub->add_option("-m,--model", model,
@@ -58,7 +64,6 @@ void add_model_option(CLI::App* sub, std::string& model) {
 }
 
 void resolve_model(std::string& model, const char* cmd) {
-  namespace fs = std::filesystem;
   if (!model.empty()) return;
   std::vector<fs::path> where = {fs::path(kDefaultModel)};
   std::error_code ec;
@@ -73,12 +78,6 @@ void resolve_model(std::string& model, const char* cmd) {
   throw std::runtime_error(std::string(cmd) + ": no -m given and the default model " + kDefaultModel +
                            " is not here or beside the build folder (bash scripts/get_smollm2.sh fetches it)");
 }
-CLI::Validator positive_up_to(double hi) { return finite_check(0, hi, true); }
-
-void add_threads_option(CLI::App* sub, int& threads) {
-  sub->add_option("-t,--threads", threads, "CPU threads (0 = one per core, at most " + std::to_string(kMaxThreads) + ")")
-      ->check(in_range(0, kMaxThreads));
-}
 
 void add_sparse_options(CLI::App* sub, SparseSettings& s, const std::string& what) {
   sub->add_option("--block", s.block, "Sparse block size (64 or 128)" + what)->check(CLI::IsMember({64, 128}));
@@ -92,15 +91,14 @@ std::string ids_json(const std::vector<int32_t>& ids) {
   return s + "]";
 }
 
-std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path) {
-  const std::string p = model_tokenizer_path(model_dir, override_path);
-  if (p.empty())
-    throw std::runtime_error(model_dir + ": no tokenizer.json in the model folder (pass --tokenizer or use --ids)");
-  return p;
-}
-
-bool has_tokenizer(const std::string& model, const std::string& override_path) {
-  return !model_tokenizer_path(model, override_path).empty();
+std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& model, const std::string& override_path,
+                                                bool required) {
+  const std::string p = model_tokenizer_path(model, override_path);
+  if (!p.empty()) return std::make_unique<Tokenizer>(Tokenizer::from_file(p));
+  if (required)
+    throw std::runtime_error(model + ": no tokenizer.json in the model folder and none in a GGUF's metadata (pass "
+                             "--tokenizer or use --ids)");
+  return nullptr;
 }
 
 void apply_routing(Model& m, const std::string& routing_file, const std::string& mode, const std::string& router) {

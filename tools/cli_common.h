@@ -4,11 +4,13 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "elastic/attention.h"
 #include "elastic/model.h"
+#include "elastic/tokenizer.h"
 
 namespace elastic::cli {
 
@@ -55,10 +57,10 @@ void resolve_model(std::string& model, const char* cmd);
 void add_sparse_options(CLI::App* sub, SparseSettings& s, const std::string& what = "");
 
 std::string ids_json(const std::vector<int32_t>& ids);
-// model_tokenizer_path (the override, a GGUF file itself, or the folder's tokenizer.json); throws when there is none.
-std::string tokenizer_path_for(const std::string& model_dir, const std::string& override_path);
-// Whether model_tokenizer_path finds one.
-bool has_tokenizer(const std::string& model, const std::string& override_path);
+// The tokenizer of model_tokenizer_path (the override, a GGUF file itself, or the folder's tokenizer.json), looked up
+// once; null when there is none, or a throw naming the model when `required`.
+std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& model, const std::string& override_path,
+                                                bool required = false);
 // --routing FILE, --mode full|ssa|xattn (all heads one mode) or --router R (routes each prompt); at most one.
 void apply_routing(Model& m, const std::string& routing_file, const std::string& mode, const std::string& router = "");
 // --routing / --mode / --router (and --chunk, the prefill chunk size) on a subcommand.

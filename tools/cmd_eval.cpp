@@ -76,10 +76,8 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
     if (o->suite != "ruler") throw std::runtime_error("eval: unknown suite '" + o->suite + "' (only 'ruler' exists)");
     if (!o->routing.empty() && !o->mode.empty()) throw std::runtime_error("eval: give --routing or --mode, not both");
     Model m = Model::load(o->model);
-    std::unique_ptr<Tokenizer> t;
-    if (has_tokenizer(o->model, o->tok))
-      t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
-    else
+    std::unique_ptr<Tokenizer> t = load_model_tokenizer(o->model, o->tok);
+    if (!t)
       std::fprintf(stderr, "eval: no tokenizer.json in %s: random-id mode (prompts and answers are token ids)\n",
                    o->model.c_str());
     EvalOptions eo;

@@ -56,11 +56,10 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
     if (!o->ids.empty()) {
       prompt = read_npy_ids(o->ids);
     } else {
-      t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
+      t = load_model_tokenizer(o->model, o->tok, true);
       prompt = t->encode(o->prompt);
     }
-    if (!o->print_ids && !t && has_tokenizer(o->model, o->tok))
-      t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
+    if (!o->print_ids && !t) t = load_model_tokenizer(o->model, o->tok);
     // Before any allocation: -n 100000000 is an error naming -n and the context, not a bad_alloc.
     [[maybe_unused]] const int capacity = generation_capacity(static_cast<int64_t>(prompt.size()), o->n, o->ctx, m.config.max_positions);
     SamplerParams sp{o->temp, o->topk, o->topp, o->seed};

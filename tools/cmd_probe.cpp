@@ -33,10 +33,8 @@ void add_probe_command(CLI::App& app, Commands& cmds) {
     set_threads(o->threads);
     o->po.haystack_file = o->hay;
     Model m = Model::load(o->model);
-    std::unique_ptr<Tokenizer> t;
-    if (has_tokenizer(o->model, o->tok))
-      t = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
-    else
+    std::unique_ptr<Tokenizer> t = load_model_tokenizer(o->model, o->tok);
+    if (!t)
       std::fprintf(stderr, "probe: no tokenizer.json in %s: using random token ids for haystack and needle\n",
                    o->model.c_str());
     auto t0 = std::chrono::steady_clock::now();

@@ -131,9 +131,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       no_cuda_backend("train-router");
 #endif
     }
-    std::unique_ptr<Tokenizer> tok;
-    if (has_tokenizer(o->model, o->tok))
-      tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tokenizer_path_for(o->model, o->tok)));
+    std::unique_ptr<Tokenizer> tok = load_model_tokenizer(o->model, o->tok);
     std::vector<TrainExample> data;
     if (o->data.empty()) {
       const std::vector<int> lens = o->builtin_len.empty() ? std::vector<int>{std::max(16, to.max_len - 64)}

@@ -81,7 +81,7 @@ void exp_inplace(float* x, int n) {
 }
 
 struct TileScratch {
-  std::vector<float> q, s, o;
+  std::vector<float> q, s, o, inv;  // gathered queries, scores / probabilities, output rows, 1 / row sums
   std::vector<KeyRun> runs;
 };
 
@@ -108,7 +108,8 @@ double attend_unit(const AttentionArgs& a, const HeadKV& kv, int h0, int n_h, in
   }
   // Causal inside the diagonal block (keys past a row's position), softmax per row.
   double done = 0;
-  std::vector<float> inv(static_cast<size_t>(M));
+  std::vector<float>& inv = w.inv;
+  inv.resize(static_cast<size_t>(M));
   for (int m = 0; m < M; ++m) {
     const int p = p0 + m % rows;
     float* srow = w.s.data() + static_cast<size_t>(m) * nk;

@@ -75,12 +75,6 @@ void linear_rowwise(const float* x, const float* W, const std::vector<float>& b,
   }
 }
 
-float dot(const float* a, const float* b, int K) {
-  float y;
-  dot_rows<1>(a, b, K, &y, 0);
-  return y;
-}
-
 std::string blas_kernel_warning(const std::string& core, bool cpu_avx2, bool cpu_avx512) {
   // OpenBLAS's x86 cores without AVX2 kernels (its DYNAMIC_ARCH list); Sandybridge has AVX but not FMA.
   static const char* const old_cores[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",

@@ -27,8 +27,6 @@ void linear(const float* x, const float* W, const std::vector<float>& b, float* 
 // K: the same bits for any B, any row position and any thread count (batch-invariant decode). It reads W in place;
 // sgemm repacks W on every call, which at one row was 81% of a decode profile.
 void linear_rowwise(const float* x, const float* W, const std::vector<float>& b, float* y, int B, int N, int K);
-// sum_k a[k] * b[k] in the order of linear_rowwise (vectorized, two 8-wide accumulators).
-float dot(const float* a, const float* b, int K);
 // RMSNorm over rows of length n, fp32 math as in HF: x * rsqrt(mean(x^2) + eps) * w. In place allowed.
 void rmsnorm_rows(const float* x, const float* w, float* y, int rows, int n, float eps);
 // Inverse frequencies [hd/2] with optional llama3 scaling (same formulas as transformers' rope init).

@@ -61,14 +61,12 @@ std::vector<std::string> fixture_seeds(const std::string& fixtures, const std::s
 
 // ------------------------------------------------------------------------------------------- tokenizer.json
 
-using elastic::testing::byte_level_chars;
+using elastic::testing::byte_level_vocab;
 
 // A small tokenizer.json with every part the loader reads: byte-level vocab, merges (both forms), added tokens,
 // an NFC normalizer Sequence and a pre-tokenizer Sequence of Split, Digits and ByteLevel.
 json tiny_tokenizer() {
-  const auto chars = byte_level_chars();
-  json vocab = json::object();
-  for (int b = 0; b < 256; ++b) vocab[chars[b]] = b;
+  json vocab = byte_level_vocab();
   vocab["he"] = 256;
   vocab["ll"] = 257;
   vocab["hell"] = 258;
