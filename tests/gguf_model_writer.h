@@ -103,9 +103,9 @@ inline void write_model_gguf(const Model& m, const std::string& path, const Gguf
     w.add_tensor(name, std::move(dims), matrix ? o.mat : GgmlType::F32, v.data());
   };
   const int64_t D = c.hidden, hd = c.head_dim, F = c.intermediate, V = c.vocab;
-  put("token_embd.weight", m.weights.embed, {D, V}, true);
+  put("token_embd.weight", m.weights.embed.f32(), {D, V}, true);
   put("output_norm.weight", m.weights.final_norm, {D}, false);
-  if (!o.tied) put("output.weight", m.weights.lm_head.empty() ? m.weights.embed : m.weights.lm_head, {D, V}, true);
+  if (!o.tied) put("output.weight", m.weights.head().f32(), {D, V}, true);
   if (c.rope.llama3) {
     // The converter stores llama3 scaling as per-frequency divisors.
     ModelConfig plain = c;
@@ -119,20 +119,20 @@ inline void write_model_gguf(const Model& m, const std::string& path, const Gguf
     const LayerWeights& L = m.weights.layers[l];
     const std::string b = "blk." + std::to_string(l) + ".";
     put(b + "attn_norm.weight", L.attn_norm, {D}, false);
-    put(b + "attn_q.weight", llama ? permute_rows(L.wq, c.n_heads, c.head_dim, c.hidden) : L.wq, {D, c.n_heads * hd},
+    put(b + "attn_q.weight", llama ? permute_rows(L.wq.f32(), c.n_heads, c.head_dim, c.hidden) : L.wq.f32(), {D, c.n_heads * hd},
         true);
-    put(b + "attn_k.weight", llama ? permute_rows(L.wk, c.n_kv_heads, c.head_dim, c.hidden) : L.wk,
+    put(b + "attn_k.weight", llama ? permute_rows(L.wk.f32(), c.n_kv_heads, c.head_dim, c.hidden) : L.wk.f32(),
         {D, c.n_kv_heads * hd}, true);
-    put(b + "attn_v.weight", L.wv, {D, c.n_kv_heads * hd}, true);
-    put(b + "attn_output.weight", L.wo, {c.n_heads * hd, D}, true);
+    put(b + "attn_v.weight", L.wv.f32(), {D, c.n_kv_heads * hd}, true);
+    put(b + "attn_output.weight", L.wo.f32(), {c.n_heads * hd, D}, true);
     if (c.qk_norm) {
       put(b + "attn_q_norm.weight", L.q_norm, {hd}, false);
       put(b + "attn_k_norm.weight", L.k_norm, {hd}, false);
     }
     put(b + "ffn_norm.weight", L.mlp_norm, {D}, false);
-    put(b + "ffn_gate.weight", L.w_gate, {D, F}, true);
-    put(b + "ffn_up.weight", L.w_up, {D, F}, true);
-    put(b + "ffn_down.weight", L.w_down, {F, D}, true);
+    put(b + "ffn_gate.weight", L.w_gate.f32(), {D, F}, true);
+    put(b + "ffn_up.weight", L.w_up.f32(), {D, F}, true);
+    put(b + "ffn_down.weight", L.w_down.f32(), {F, D}, true);
   }
   w.write(path);
 }

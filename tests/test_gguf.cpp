@@ -381,8 +381,8 @@ TEST(GgufModelTest, TinyLlamaF32MatchesSafetensors) {
   EXPECT_EQ(g.routing.mode.size(), static_cast<size_t>(c.n_layers * c.n_kv_heads));
   // The un-permutation restores HF's rows exactly.
   for (int l = 0; l < c.n_layers; ++l) {
-    EXPECT_EQ(g.weights.layers[l].wq, ref.weights.layers[l].wq) << l;
-    EXPECT_EQ(g.weights.layers[l].wk, ref.weights.layers[l].wk) << l;
+    EXPECT_EQ(g.weights.layers[l].wq.f32(), ref.weights.layers[l].wq.f32()) << l;
+    EXPECT_EQ(g.weights.layers[l].wk.f32(), ref.weights.layers[l].wk.f32()) << l;
   }
   ASSERT_EQ(g.rope_inv_freq.size(), ref.rope_inv_freq.size());
   for (size_t i = 0; i < g.rope_inv_freq.size(); ++i)
@@ -414,7 +414,19 @@ TEST(GgufModelTest, TinyLlamaQ8_0AndQ4_1CloseToSafetensors) {
     const std::string p = tmp_path("llama_tiny_q.gguf");
     write_model_gguf(ref, p, GgufOpts{k.type, false, ""});
     const Model g = Model::load_gguf(p);
+    // The matrices stay in the file's blocks, and reading them in place gives the bits of their fp32 widening: on
+    // the prefill path (all logits) and on the decode path (greedy generation).
+    const WeightFormat kept = k.type == GgmlType::Q8_0 ? WeightFormat::Q8_0 : WeightFormat::Q4_1;
+    EXPECT_EQ(g.weights.layers[0].wq.format(), kept);
+    EXPECT_EQ(g.weights.embed.format(), kept);
+    Model wide = Model::load_gguf(p);
+    wide.weights.widen();
+    EXPECT_TRUE(wide.weights.all_f32());
+    EXPECT_LT(g.weights.bytes() * 3, wide.weights.bytes()) << type_name(k.type);
     const auto a = all_logits(g, ids);
+    EXPECT_EQ(a, all_logits(wide, ids)) << type_name(k.type);
+    EXPECT_EQ(generate(g, ids, 12, 0, SamplerParams{}, false, nullptr),
+              generate(wide, ids, 12, 0, SamplerParams{}, false, nullptr)) << type_name(k.type);
     double mean = 0;
     for (size_t i = 0; i < a.size(); ++i) mean += std::fabs(a[i] - b[i]) / a.size();
     const double mx = max_abs_diff(a, b);

@@ -341,7 +341,7 @@ TEST(TrainRouter, FindsTheKnownRouting) {
     for (int h = 0; h < c.n_heads; ++h) {
       const float f = (l == 0 && h / group == 0) ? 4.f : 0.1f;
       for (int r = 0; r < c.hidden; ++r)
-        for (int d = 0; d < hd; ++d) m.weights.layers[l].wo[static_cast<size_t>(r) * c.n_heads * hd + h * hd + d] *= f;
+        for (int d = 0; d < hd; ++d) m.weights.layers[l].wo.f32()[static_cast<size_t>(r) * c.n_heads * hd + h * hd + d] *= f;
     }
   RouterSpec spec = spec_for(m);
   RoutingTable full = RoutingTable::all_full(c.n_layers, c.n_kv_heads), sparse = full;

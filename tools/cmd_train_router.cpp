@@ -112,6 +112,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       to.targets[kv.substr(0, eq)] = v;
     }
     Model m = Model::load(o->model);
+    m.weights.widen();  // the CPU trainer's backward reads fp32 rows; the GPU upload widens to bf16 either way
     // The device first: a missing GPU or an unsupported shape fails before data is built.
     StepRunnerFactory runner;  // empty: the CPU
     std::unique_ptr<Communicator> comm;

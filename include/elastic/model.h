@@ -7,27 +7,33 @@
 
 #include "elastic/attention.h"
 #include "elastic/config.h"
+#include "elastic/weight_matrix.h"
 
 namespace elastic {
 
-// Weights widened to fp32 at load. Linear weights keep the HF layout [out, in].
+// Linear weights keep the HF layout [out, in]: fp32 from safetensors, the file's block format from a GGUF file
+// (Q8_0, Q4_0, Q4_1; other GGUF types widened to fp32 at load). Norms and biases are fp32.
 struct LayerWeights {
   std::vector<float> attn_norm;     // [D]
-  std::vector<float> wq, wk, wv;    // [Hq*hd, D], [Hkv*hd, D], [Hkv*hd, D]
+  WeightMatrix wq, wk, wv;          // [Hq*hd, D], [Hkv*hd, D], [Hkv*hd, D]
   std::vector<float> bq, bk, bv;    // biases when attention_bias, else empty
-  std::vector<float> wo;            // [D, Hq*hd]
+  WeightMatrix wo;                  // [D, Hq*hd]
   std::vector<float> q_norm, k_norm;  // [hd] (Qwen3 only)
   std::vector<float> mlp_norm;      // [D]
-  std::vector<float> w_gate, w_up;  // [F, D]
-  std::vector<float> w_down;        // [D, F]
+  WeightMatrix w_gate, w_up;        // [F, D]
+  WeightMatrix w_down;              // [D, F]
 };
 
 struct ModelWeights {
-  std::vector<float> embed;       // [V, D]
+  WeightMatrix embed;             // [V, D]
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [D]
-  std::vector<float> lm_head;     // [V, D]; empty when tied (embed is used)
-  const float* head() const { return lm_head.empty() ? embed.data() : lm_head.data(); }
+  WeightMatrix lm_head;           // [V, D]; empty when tied (embed is used)
+  const WeightMatrix& head() const { return lm_head.empty() ? embed : lm_head; }
+  // Every matrix to fp32 in place (the trainer and fp32-only tools); a no-op for fp32 weights.
+  void widen();
+  bool all_f32() const;
+  size_t bytes() const;  // matrices, norms and biases as held
 };
 
 // Loads and validates every expected tensor (names, shapes) from the model folder's safetensors.
@@ -74,7 +80,8 @@ struct Model {
 
   // A Hugging Face folder (config.json + safetensors) or a .gguf file (dispatches to load_gguf).
   static Model load(const std::string& model_dir);
-  // GGUF v2/v3 (llama, qwen3): weights dequantized to fp32, llama.cpp's Q/K row permutation undone.
+  // GGUF v2/v3 (llama, qwen3): Q8_0/Q4_0/Q4_1 matrices kept in their blocks, other types widened to fp32;
+  // llama.cpp's Q/K row permutation undone.
   static Model load_gguf(const std::string& gguf_path);
 
   // Runs T tokens at positions [cache.length, cache.length + T) and appends them to the cache.

@@ -25,10 +25,23 @@ DeviceBuffer upload_bf16(const std::vector<float>& v) {
   return b;
 }
 
-// Row-wise concatenation of [rows_i, cols] matrices (fused projections).
+// Row-wise concatenation of [rows_i, cols] vectors (fused biases).
 std::vector<float> concat(std::initializer_list<const std::vector<float>*> parts) {
   std::vector<float> out;
   for (const auto* p : parts) out.insert(out.end(), p->begin(), p->end());
+  return out;
+}
+
+// A weight matrix in any CPU format, widened to fp32 one matrix at a time, then rounded to bf16.
+DeviceBuffer upload_bf16(const WeightMatrix& m) { return upload_bf16(m.to_f32()); }
+
+// Row-wise concatenation of [rows_i, cols] matrices (fused projections), widened to fp32.
+std::vector<float> concat(std::initializer_list<const WeightMatrix*> parts) {
+  std::vector<float> out;
+  for (const auto* p : parts) {
+    const std::vector<float> v = p->to_f32();
+    out.insert(out.end(), v.begin(), v.end());
+  }
   return out;
 }
 

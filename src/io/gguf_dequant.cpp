@@ -2,12 +2,13 @@
 //   Q8_0  [fp16 d][int8 q[32]]                         x = d*q
 //   Q4_0  [fp16 d][u8 qs[16]]                          x = d*(nibble-8); element j in the low nibble of qs[j],
 //                                                      element j+16 in the high nibble
-//   Q4_1  [fp16 d][fp16 m][u8 qs[16]]                  x = d*nibble + m, same nibble order
+//   Q4_1  [fp16 d][fp16 m][u8 qs[16]]                  x = fma(d, nibble, m), same nibble order
 //   Q4_K  [fp16 d][fp16 dmin][u8 scales[12]][u8 qs[128]] 256 elements = 8 sub-blocks of 32 with 6-bit
 //         scale/min pairs; x = d*sc*nibble - dmin*mn. Each 64-element chunk uses 32 bytes of qs: low nibbles
 //         for its first 32 elements, high nibbles for the next 32.
 //   Q6_K  [u8 ql[128]][u8 qh[64]][int8 scales[16]][fp16 d] 256 elements = 16 sub-blocks of 16;
 //         x = d*scale*(q6-32), q6 = 4 low bits from ql and 2 high bits from qh.
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 
@@ -128,8 +129,10 @@ void dequantize_row(GgmlType t, const uint8_t* src, float* dst, int64_t n) {
         const float d = fp16_to_fp32(rd16(src)), m = fp16_to_fp32(rd16(src + 2));
         const uint8_t* q = src + 4;
         for (int j = 0; j < 16; ++j) {
-          dst[j] = d * (q[j] & 0x0F) + m;
-          dst[j + 16] = d * (q[j] >> 4) + m;
+          // One fused multiply-add, written out: the CPU's in-register widening (src/model/linear.cpp) uses the
+          // same instruction, so a Q4_1 matrix read in place gives the bits of its fp32 copy.
+          dst[j] = std::fma(d, static_cast<float>(q[j] & 0x0F), m);
+          dst[j + 16] = std::fma(d, static_cast<float>(q[j] >> 4), m);
         }
       }
       return;

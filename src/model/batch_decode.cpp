@@ -68,14 +68,14 @@ void decode_batch(const Model& m, const std::vector<DecodeSlot>& slots, std::vec
       k(static_cast<size_t>(B) * Hkv * hd), v(k.size()), att(q.size()), o(x.size()), g(static_cast<size_t>(B) * F),
       u(g.size());
   for (int b = 0; b < B; ++b)
-    std::copy_n(W.embed.data() + static_cast<size_t>(slots[b].token) * D, D, x.data() + static_cast<size_t>(b) * D);
+    W.embed.rows_to_f32(slots[b].token, 1, x.data() + static_cast<size_t>(b) * D);
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = W.layers[l];
     rmsnorm_rows(x.data(), L.attn_norm.data(), h.data(), B, D, c.rms_eps);
-    linear_rowwise(h.data(), L.wq.data(), L.bq, q.data(), B, Hq * hd, D);
-    linear_rowwise(h.data(), L.wk.data(), L.bk, k.data(), B, Hkv * hd, D);
-    linear_rowwise(h.data(), L.wv.data(), L.bv, v.data(), B, Hkv * hd, D);
+    linear_rowwise(h.data(), L.wq, L.bq, q.data(), B);
+    linear_rowwise(h.data(), L.wk, L.bk, k.data(), B);
+    linear_rowwise(h.data(), L.wv, L.bv, v.data(), B);
     if (c.qk_norm) {
       rmsnorm_rows(q.data(), L.q_norm.data(), q.data(), B * Hq, hd, c.rms_eps);
       rmsnorm_rows(k.data(), L.k_norm.data(), k.data(), B * Hkv, hd, c.rms_eps);
@@ -90,22 +90,22 @@ void decode_batch(const Model& m, const std::vector<DecodeSlot>& slots, std::vec
       cached_attention(c, l, qb, kb, vb, 1, pos0, *slots[b].cache, slot_routing(m, slots[b]),
                        att.data() + static_cast<size_t>(b) * Hq * hd, slots[b].stats, nullptr, false);
     }
-    linear_rowwise(att.data(), L.wo.data(), {}, o.data(), B, D, Hq * hd);
+    linear_rowwise(att.data(), L.wo, {}, o.data(), B);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
 
     rmsnorm_rows(x.data(), L.mlp_norm.data(), h.data(), B, D, c.rms_eps);
-    linear_rowwise(h.data(), L.w_gate.data(), {}, g.data(), B, F, D);
-    linear_rowwise(h.data(), L.w_up.data(), {}, u.data(), B, F, D);
+    linear_rowwise(h.data(), L.w_gate, {}, g.data(), B);
+    linear_rowwise(h.data(), L.w_up, {}, u.data(), B);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SwiGLU
-    linear_rowwise(g.data(), L.w_down.data(), {}, o.data(), B, D, F);
+    linear_rowwise(g.data(), L.w_down, {}, o.data(), B);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
   for (const DecodeSlot& s : slots) s.cache->length += 1;
 
   rmsnorm_rows(x.data(), W.final_norm.data(), h.data(), B, D, c.rms_eps);
   logits.resize(static_cast<size_t>(B) * V);
-  linear_rowwise(h.data(), W.head(), {}, logits.data(), B, V, D);
+  linear_rowwise(h.data(), W.head(), {}, logits.data(), B);
 }
 
 }  // namespace elastic

@@ -1,4 +1,5 @@
-// Model::load_gguf: a llama.cpp GGUF file (architecture llama or qwen3) -> ModelConfig + fp32 ModelWeights.
+// Model::load_gguf: a llama.cpp GGUF file (architecture llama or qwen3) -> ModelConfig + ModelWeights, projection
+// matrices in Q8_0/Q4_0/Q4_1 kept as the file's blocks (read in place by src/model/linear.cpp), others widened to fp32.
 //
 // Differences from the HF checkpoint that the loader undoes:
 //   - llama.cpp's converter permutes the rows of Llama's q/k projections so that each head's rotary pairs are
@@ -32,8 +33,7 @@ int meta_int(const File& f, const std::string& key, bool required, int dflt) {
   return static_cast<int>(v);
 }
 
-// Dequantized tensor with its shape checked against the expected dims (innermost first).
-std::vector<float> take(const File& f, const std::string& name, std::vector<int64_t> dims) {
+const TensorInfo& checked(const File& f, const std::string& name, const std::vector<int64_t>& dims) {
   const TensorInfo& t = f.tensor(name);
   if (t.dims != dims) {
     auto fmt = [](const std::vector<int64_t>& d) {
@@ -44,21 +44,44 @@ std::vector<float> take(const File& f, const std::string& name, std::vector<int6
     f.fail("tensor '" + name + "' has dims " + fmt(t.dims) + ", expected " + fmt(dims) +
            " (ne0 first) for this config");
   }
+  return t;
+}
+
+// Dequantized tensor with its shape checked against the expected dims (innermost first).
+std::vector<float> take(const File& f, const std::string& name, std::vector<int64_t> dims) {
+  const TensorInfo& t = checked(f, name, dims);
   std::vector<float> w = f.dequantize(t);
-  f.release(t);  // the file's pages leave memory as their fp32 copy arrives: a lower peak
+  f.release(t);  // the file's pages leave memory as their copy arrives: a lower peak
   return w;
 }
 
-// Inverse of the converter's row permutation, over `heads` blocks of hd rows of `cols` floats.
-std::vector<float> unpermute_rows(const std::vector<float>& w, int heads, int hd, size_t cols) {
-  std::vector<float> out(w.size());
+// A matrix with dims {cols, rows}: kept in its blocks when the CPU kernels read that format, else widened to fp32.
+WeightMatrix take_matrix(const File& f, const std::string& name, int64_t cols, int64_t rows) {
+  const TensorInfo& t = checked(f, name, {cols, rows});
+  WeightFormat kept = WeightFormat::F32;
+  if (t.type == gguf::GgmlType::Q8_0) kept = WeightFormat::Q8_0;
+  if (t.type == gguf::GgmlType::Q4_0) kept = WeightFormat::Q4_0;
+  if (t.type == gguf::GgmlType::Q4_1) kept = WeightFormat::Q4_1;
+  if (kept == WeightFormat::F32) return WeightMatrix::from_f32(take(f, name, {cols, rows}), rows, cols);
+  std::vector<uint8_t> bytes(t.data, t.data + t.n_bytes);
+  f.release(t);
+  return WeightMatrix::from_blocks(kept, std::move(bytes), rows, cols);
+}
+
+// Row order that undoes the converter's permutation over `heads` blocks of hd rows: result row h*hd + j*hd/2 + i is
+// file row h*hd + 2i + j.
+std::vector<int64_t> unpermuted_order(int heads, int hd) {
+  std::vector<int64_t> src(static_cast<size_t>(heads) * hd);
   const int half = hd / 2;
   for (int h = 0; h < heads; ++h)
     for (int i = 0; i < half; ++i)
-      for (int j = 0; j < 2; ++j) {
-        const size_t src = static_cast<size_t>(h) * hd + 2 * i + j, dst = static_cast<size_t>(h) * hd + j * half + i;
-        std::copy_n(w.data() + src * cols, cols, out.data() + dst * cols);
-      }
+      for (int j = 0; j < 2; ++j) src[static_cast<size_t>(h) * hd + j * half + i] = int64_t{h} * hd + 2 * i + j;
+  return src;
+}
+
+std::vector<float> reordered(const std::vector<float>& v, const std::vector<int64_t>& src) {
+  std::vector<float> out(src.size());
+  for (size_t i = 0; i < src.size(); ++i) out[i] = v[static_cast<size_t>(src[i])];
   return out;
 }
 
@@ -126,29 +149,29 @@ Model Model::load_gguf(const std::string& gguf_path) {
   const int64_t D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, F = c.intermediate, V = c.vocab;
   const bool permuted = c.arch == Arch::Llama;
   ModelWeights& w = m.weights;
-  w.embed = take(f, "token_embd.weight", {D, V});
+  w.embed = take_matrix(f, "token_embd.weight", D, V);
   w.final_norm = take(f, "output_norm.weight", {D});
-  if (!c.tie_embeddings) w.lm_head = take(f, "output.weight", {D, V});
+  if (!c.tie_embeddings) w.lm_head = take_matrix(f, "output.weight", D, V);
   w.layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     LayerWeights& L = w.layers[l];
     const std::string b = "blk." + std::to_string(l) + ".";
     L.attn_norm = take(f, b + "attn_norm.weight", {D});
-    L.wq = take(f, b + "attn_q.weight", {D, Hq * hd});
-    L.wk = take(f, b + "attn_k.weight", {D, Hkv * hd});
-    L.wv = take(f, b + "attn_v.weight", {D, Hkv * hd});
-    L.wo = take(f, b + "attn_output.weight", {Hq * hd, D});
+    L.wq = take_matrix(f, b + "attn_q.weight", D, Hq * hd);
+    L.wk = take_matrix(f, b + "attn_k.weight", D, Hkv * hd);
+    L.wv = take_matrix(f, b + "attn_v.weight", D, Hkv * hd);
+    L.wo = take_matrix(f, b + "attn_output.weight", Hq * hd, D);
     if (c.attention_bias) {
       L.bq = take(f, b + "attn_q.bias", {Hq * hd});
       L.bk = take(f, b + "attn_k.bias", {Hkv * hd});
       L.bv = take(f, b + "attn_v.bias", {Hkv * hd});
     }
     if (permuted) {
-      L.wq = unpermute_rows(L.wq, static_cast<int>(Hq), static_cast<int>(hd), static_cast<size_t>(D));
-      L.wk = unpermute_rows(L.wk, static_cast<int>(Hkv), static_cast<int>(hd), static_cast<size_t>(D));
+      L.wq.permute_rows(unpermuted_order(static_cast<int>(Hq), static_cast<int>(hd)));
+      L.wk.permute_rows(unpermuted_order(static_cast<int>(Hkv), static_cast<int>(hd)));
       if (c.attention_bias) {
-        L.bq = unpermute_rows(L.bq, static_cast<int>(Hq), static_cast<int>(hd), 1);
-        L.bk = unpermute_rows(L.bk, static_cast<int>(Hkv), static_cast<int>(hd), 1);
+        L.bq = reordered(L.bq, unpermuted_order(static_cast<int>(Hq), static_cast<int>(hd)));
+        L.bk = reordered(L.bk, unpermuted_order(static_cast<int>(Hkv), static_cast<int>(hd)));
       }
     }
     if (c.qk_norm) {
@@ -156,9 +179,9 @@ Model Model::load_gguf(const std::string& gguf_path) {
       L.k_norm = take(f, b + "attn_k_norm.weight", {hd});
     }
     L.mlp_norm = take(f, b + "ffn_norm.weight", {D});
-    L.w_gate = take(f, b + "ffn_gate.weight", {D, F});
-    L.w_up = take(f, b + "ffn_up.weight", {D, F});
-    L.w_down = take(f, b + "ffn_down.weight", {F, D});
+    L.w_gate = take_matrix(f, b + "ffn_gate.weight", D, F);
+    L.w_up = take_matrix(f, b + "ffn_up.weight", D, F);
+    L.w_down = take_matrix(f, b + "ffn_down.weight", F, D);
   }
   m.routing = RoutingTable::all_full(c.n_layers, c.n_kv_heads);
   m.rope_inv_freq = compute_rope_inv_freq(c);

@@ -64,9 +64,9 @@ void qkv(const Model& m, int l, const float* x, int T, int pos0, Work& w, bool r
   const LayerWeights& L = m.weights.layers[l];
   const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads;
   rmsnorm_rows(x, L.attn_norm.data(), w.h.data(), T, D, c.rms_eps);
-  linear(w.h.data(), L.wq.data(), L.bq, w.q.data(), T, Hq * hd, D);
-  linear(w.h.data(), L.wk.data(), L.bk, w.k.data(), T, Hkv * hd, D);
-  linear(w.h.data(), L.wv.data(), L.bv, w.v.data(), T, Hkv * hd, D);
+  linear(w.h.data(), L.wq, L.bq, w.q.data(), T);
+  linear(w.h.data(), L.wk, L.bk, w.k.data(), T);
+  linear(w.h.data(), L.wv, L.bv, w.v.data(), T);
   if (c.qk_norm) {
     rmsnorm_rows(w.q.data(), L.q_norm.data(), w.q.data(), T * Hq, hd, c.rms_eps);
     rmsnorm_rows(w.k.data(), L.k_norm.data(), w.k.data(), T * Hkv, hd, c.rms_eps);
@@ -83,28 +83,28 @@ void layer_step(const Model& m, int l, float* x, int T, int pos0, KVCache& cache
                 Work& w, AttentionStats* stats, float* last_row_probs, bool prefill) {
   const ModelConfig& c = m.config;
   const LayerWeights& L = m.weights.layers[l];
-  const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, F = c.intermediate;
+  const int D = c.hidden, F = c.intermediate;
   qkv(m, l, x, T, pos0, w, true);
   cached_attention(c, l, w.q.data(), w.k.data(), w.v.data(), T, pos0, cache, routing, w.att.data(), stats,
                    last_row_probs, prefill);
   const size_t n = static_cast<size_t>(T) * D;
-  linear(w.att.data(), L.wo.data(), {}, w.o.data(), T, D, Hq * hd);
+  linear(w.att.data(), L.wo, {}, w.o.data(), T);
   for (size_t i = 0; i < n; ++i) x[i] += w.o[i];
 
   rmsnorm_rows(x, L.mlp_norm.data(), w.h.data(), T, D, c.rms_eps);
-  linear(w.h.data(), L.w_gate.data(), {}, w.g.data(), T, F, D);
-  linear(w.h.data(), L.w_up.data(), {}, w.u.data(), T, F, D);
+  linear(w.h.data(), L.w_gate, {}, w.g.data(), T);
+  linear(w.h.data(), L.w_up, {}, w.u.data(), T);
   const size_t nf = static_cast<size_t>(T) * F;
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < nf; ++i) w.g[i] = w.g[i] / (1.f + std::exp(-w.g[i])) * w.u[i];  // SwiGLU
-  linear(w.g.data(), L.w_down.data(), {}, w.o.data(), T, D, F);
+  linear(w.g.data(), L.w_down, {}, w.o.data(), T);
   for (size_t i = 0; i < n; ++i) x[i] += w.o[i];
 }
 
 void embed(const Model& m, const int32_t* ids, int T, float* x) {
   const int D = m.config.hidden;
   for (int t = 0; t < T; ++t)
-    std::copy_n(m.weights.embed.data() + static_cast<size_t>(ids[t]) * D, D, x + static_cast<size_t>(t) * D);
+    m.weights.embed.rows_to_f32(ids[t], 1, x + static_cast<size_t>(t) * D);
 }
 
 // Final norm and lm_head over the last row or all T rows of x.
@@ -115,7 +115,7 @@ void head(const Model& m, const float* x, int T, bool all_logits, std::vector<fl
   std::vector<float> h(static_cast<size_t>(rows) * D);
   rmsnorm_rows(xs, m.weights.final_norm.data(), h.data(), rows, D, c.rms_eps);
   logits.resize(static_cast<size_t>(rows) * c.vocab);
-  linear(h.data(), m.weights.head(), {}, logits.data(), rows, c.vocab, D);
+  linear(h.data(), m.weights.head(), {}, logits.data(), rows);
 }
 
 void check_capacity(const KVCache& cache, int T) {

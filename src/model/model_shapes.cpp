@@ -78,24 +78,24 @@ Model random_model(const ModelConfig& c, uint64_t seed) {
   };
   const size_t D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, F = c.intermediate, V = c.vocab;
   ModelWeights& w = m.weights;
-  w.embed = rnd(V * D);
+  w.embed = WeightMatrix::from_f32(rnd(V * D), V, D);
   w.final_norm.assign(D, 1.f);
-  if (!c.tie_embeddings) w.lm_head = rnd(V * D);
+  if (!c.tie_embeddings) w.lm_head = WeightMatrix::from_f32(rnd(V * D), V, D);
   w.layers.resize(c.n_layers);
   for (LayerWeights& L : w.layers) {
     L.attn_norm.assign(D, 1.f);
-    L.wq = rnd(Hq * hd * D);
-    L.wk = rnd(Hkv * hd * D);
-    L.wv = rnd(Hkv * hd * D);
-    L.wo = rnd(D * Hq * hd);
+    L.wq = WeightMatrix::from_f32(rnd(Hq * hd * D), Hq * hd, D);
+    L.wk = WeightMatrix::from_f32(rnd(Hkv * hd * D), Hkv * hd, D);
+    L.wv = WeightMatrix::from_f32(rnd(Hkv * hd * D), Hkv * hd, D);
+    L.wo = WeightMatrix::from_f32(rnd(D * Hq * hd), D, Hq * hd);
     if (c.qk_norm) {
       L.q_norm.assign(hd, 1.f);
       L.k_norm.assign(hd, 1.f);
     }
     L.mlp_norm.assign(D, 1.f);
-    L.w_gate = rnd(F * D);
-    L.w_up = rnd(F * D);
-    L.w_down = rnd(D * F);
+    L.w_gate = WeightMatrix::from_f32(rnd(F * D), F, D);
+    L.w_up = WeightMatrix::from_f32(rnd(F * D), F, D);
+    L.w_down = WeightMatrix::from_f32(rnd(D * F), D, F);
   }
   m.routing = RoutingTable::all_full(c.n_layers, c.n_kv_heads);
   m.rope_inv_freq = compute_rope_inv_freq(c);

@@ -3,77 +3,12 @@
 #include <cblas.h>
 #include <omp.h>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
 
 namespace elastic {
-
-namespace {
-
-// OpenBLAS's sgemm chooses its kernel, and with it the summation order of each output, by the row count: row 0 of a
-// 4-row product differs in the last bits from the same row computed alone. Those bits flip sampled tokens, so a seeded
-// request would answer differently batched than alone. Here every output y[b, n] is one dot product whose order of
-// operations depends only on K: the same bits for any batch size, any batch position and any thread count. Each
-// weight row is read once for all batch rows, so at decode batch sizes this is memory-bound like the sgemm it
-// replaces.
-
-constexpr int kLanes = 16;  // two 8-wide accumulators; the scalar form below does the same operations in the same order
-
-// Dot products of R rows of x (stride K) with one weight row w, written to y[r * ystride].
-template <int R>
-void dot_rows(const float* x, const float* w, int K, float* y, size_t ystride) {
-  int k = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-  __m256 s0[R], s1[R];
-  for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm256_setzero_ps();
-  for (; k + kLanes <= K; k += kLanes) {
-    const __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + k + 8);
-    for (int r = 0; r < R; ++r) {
-      s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + static_cast<size_t>(r) * K + k), w0, s0[r]);
-      s1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + static_cast<size_t>(r) * K + k + 8), w1, s1[r]);
-    }
-  }
-  float lane[R][kLanes];
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(lane[r], s0[r]);
-    _mm256_storeu_ps(lane[r] + 8, s1[r]);
-  }
-#else
-  float lane[R][kLanes] = {};
-  for (; k + kLanes <= K; k += kLanes)
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < kLanes; ++j) lane[r][j] = std::fma(x[static_cast<size_t>(r) * K + k + j], w[k + j], lane[r][j]);
-#endif
-  for (int r = 0; r < R; ++r) {
-    const float* L = lane[r];
-    float a[8];
-    for (int j = 0; j < 8; ++j) a[j] = L[j] + L[j + 8];  // s0 + s1, lane by lane
-    float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-    for (int t = k; t < K; ++t) s = std::fma(x[static_cast<size_t>(r) * K + t], w[t], s);
-    y[r * ystride] = s;
-  }
-}
-
-}  // namespace
-
-void linear_rowwise(const float* x, const float* W, const std::vector<float>& b, float* y, int B, int N, int K) {
-  const size_t ys = static_cast<size_t>(N);
-#pragma omp parallel for schedule(static) if (static_cast<double>(N) * K * B > 1e5)
-  for (int n = 0; n < N; ++n) {
-    const float* w = W + static_cast<size_t>(n) * K;
-    int r = 0;
-    for (; r + 4 <= B; r += 4) dot_rows<4>(x + static_cast<size_t>(r) * K, w, K, y + r * ys + n, ys);
-    for (; r < B; ++r) dot_rows<1>(x + static_cast<size_t>(r) * K, w, K, y + r * ys + n, ys);
-    if (!b.empty())
-      for (int t = 0; t < B; ++t) y[t * ys + n] += b[n];
-  }
-}
 
 std::string blas_kernel_warning(const std::string& core, bool cpu_avx2, bool cpu_avx512) {
   // OpenBLAS's x86 cores without AVX2 kernels (its DYNAMIC_ARCH list); Sandybridge has AVX but not FMA.
@@ -111,7 +46,9 @@ void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, i
   // Each thread computes a slab of C: rows when C is taller than wide, else columns, in multiples of 16 so every
   // slab keeps OpenBLAS's full-width kernels. Each output is still one of OpenBLAS's dot products over K.
   const bool by_rows = M >= N;
-  const int extent = by_rows ? M : N, slab = (extent / threads + 15) / 16 * 16;
+  // Rounded up twice (to a share per thread, then to 16): rounding the share down lost the last rows or columns
+  // whenever extent / threads was a multiple of 16 with a remainder (257 columns on 2 threads computed 256).
+  const int extent = by_rows ? M : N, slab = ((extent + threads - 1) / threads + 15) / 16 * 16;
 #pragma omp parallel num_threads(threads)
   {
     const int i0 = std::min(extent, omp_get_thread_num() * slab), i1 = std::min(extent, i0 + slab);
@@ -124,14 +61,6 @@ void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, i
                     tb ? B + static_cast<size_t>(i0) * ldb : B + i0, ldb, beta, C + i0, ldc);
     }
   }
-}
-
-void linear(const float* x, const float* W, const std::vector<float>& b, float* y, int T, int N, int K) {
-  if (T <= kRowwiseRows) return linear_rowwise(x, W, b, y, T, N, K);
-  sgemm(false, true, T, N, K, 1.f, x, K, W, K, 0.f, y, N);
-  if (!b.empty())
-    for (int t = 0; t < T; ++t)
-      for (int n = 0; n < N; ++n) y[static_cast<size_t>(t) * N + n] += b[n];
 }
 
 // RMSNorm over rows of length n, fp32 math as in HF: x * rsqrt(mean(x^2) + eps) * w.

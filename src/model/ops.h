@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "elastic/config.h"
+#include "elastic/weight_matrix.h"
 
 namespace elastic {
 
@@ -19,14 +20,16 @@ void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, i
 // when its kernels fit the CPU. `core` is openblas_get_corename().
 std::string blas_kernel_warning(const std::string& core, bool cpu_avx2, bool cpu_avx512);
 
-// y[T, N] = x[T, K] * W[N, K]^T (+ b). Up to kRowwiseRows rows (decode, small batches) this is linear_rowwise; more
-// rows go to sgemm.
+// y[T, N] = x[T, K] * W[N, K]^T (+ b), N and K from W. Up to kRowwiseRows rows (decode, small batches) this is
+// linear_rowwise; more rows go to sgemm, a block-format W widened one panel of rows at a time (a matrix of up to 8M
+// weights in one panel, so its result has the bits of its fp32 copy's).
 constexpr int kRowwiseRows = 8;
-void linear(const float* x, const float* W, const std::vector<float>& b, float* y, int T, int N, int K);
+void linear(const float* x, const WeightMatrix& W, const std::vector<float>& b, float* y, int T);
 // y[B, N] = x[B, K] * W[N, K]^T (+ b) where every output is one dot product whose order of operations depends only on
-// K: the same bits for any B, any row position and any thread count (batch-invariant decode). It reads W in place;
-// sgemm repacks W on every call, which at one row was 81% of a decode profile.
-void linear_rowwise(const float* x, const float* W, const std::vector<float>& b, float* y, int B, int N, int K);
+// K: the same bits for any B, any row position and any thread count (batch-invariant decode), and the same bits for a
+// block-format W as for its fp32 widening. It reads W in place, block formats widened in registers; sgemm repacks W
+// on every call, which at one row was 81% of a decode profile.
+void linear_rowwise(const float* x, const WeightMatrix& W, const std::vector<float>& b, float* y, int B);
 // RMSNorm over rows of length n, fp32 math as in HF: x * rsqrt(mean(x^2) + eps) * w. In place allowed.
 void rmsnorm_rows(const float* x, const float* w, float* y, int rows, int n, float eps);
 // Inverse frequencies [hd/2] with optional llama3 scaling (same formulas as transformers' rope init).

@@ -61,9 +61,9 @@ struct RouterStep<Real>::Impl {
     A.q.resize(nq);
     A.k.resize(nk);
     A.v.resize(nk);
-    linear_fwd(A.h.data(), W.wq.data(), opt(W.bq), A.q.data(), T, Hq * hd, D);
-    linear_fwd(A.h.data(), W.wk.data(), opt(W.bk), A.k.data(), T, Hkv * hd, D);
-    linear_fwd(A.h.data(), W.wv.data(), opt(W.bv), A.v.data(), T, Hkv * hd, D);
+    linear_fwd(A.h.data(), W.wq.f32().data(), opt(W.bq), A.q.data(), T, Hq * hd, D);
+    linear_fwd(A.h.data(), W.wk.f32().data(), opt(W.bk), A.k.data(), T, Hkv * hd, D);
+    linear_fwd(A.h.data(), W.wv.f32().data(), opt(W.bv), A.v.data(), T, Hkv * hd, D);
     A.qn = A.q;
     A.kn = A.k;
     if (c.qk_norm) {
@@ -116,18 +116,18 @@ struct RouterStep<Real>::Impl {
         for (int d = 0; d < hd; ++d) A.o[off + d] = zz * A.of[off + d] + (Real(1) - zz) * A.os[off + d];
       }
     A.xmid.resize(static_cast<size_t>(T) * D);
-    linear_fwd(A.o.data(), W.wo.data(), nullptr, A.xmid.data(), T, D, Hq * hd);
+    linear_fwd(A.o.data(), W.wo.f32().data(), nullptr, A.xmid.data(), T, D, Hq * hd);
     for (size_t i = 0; i < A.xmid.size(); ++i) A.xmid[i] += xin[i];
     A.h2.resize(A.xmid.size());
     rmsnorm_fwd(A.xmid.data(), W.mlp_norm.data(), A.h2.data(), T, D, c.rms_eps);
     A.g.resize(static_cast<size_t>(T) * F);
     A.u.resize(A.g.size());
     A.a.resize(A.g.size());
-    linear_fwd(A.h2.data(), W.w_gate.data(), nullptr, A.g.data(), T, F, D);
-    linear_fwd(A.h2.data(), W.w_up.data(), nullptr, A.u.data(), T, F, D);
+    linear_fwd(A.h2.data(), W.w_gate.f32().data(), nullptr, A.g.data(), T, F, D);
+    linear_fwd(A.h2.data(), W.w_up.f32().data(), nullptr, A.u.data(), T, F, D);
     swiglu_fwd(A.g.data(), A.u.data(), A.a.data(), A.g.size());
     if (xout) {
-      linear_fwd(A.a.data(), W.w_down.data(), nullptr, xout, T, D, F);
+      linear_fwd(A.a.data(), W.w_down.f32().data(), nullptr, xout, T, D, F);
       for (size_t i = 0; i < A.xmid.size(); ++i) xout[i] += A.xmid[i];
     }
   }
@@ -139,7 +139,7 @@ struct RouterStep<Real>::Impl {
     std::vector<Real> xs(xL + static_cast<size_t>(r0) * D, xL + static_cast<size_t>(r0 + n) * D);
     std::vector<Real> hf(xs.size()), lg(static_cast<size_t>(n) * V);
     rmsnorm_fwd(xs.data(), m.weights.final_norm.data(), hf.data(), n, D, c.rms_eps);
-    linear_fwd(hf.data(), m.weights.head(), nullptr, lg.data(), n, V, D);
+    linear_fwd(hf.data(), m.weights.head().f32().data(), nullptr, lg.data(), n, V, D);
     std::vector<Real> dlg(dx ? lg.size() : 0);
     Real sum = 0;
     for (int i = 0; i < n; ++i)
@@ -147,7 +147,7 @@ struct RouterStep<Real>::Impl {
                                      dx ? dlg.data() + static_cast<size_t>(i) * V : nullptr);
     if (dx) {
       std::vector<Real> dh(hf.size(), Real(0));
-      linear_bwd(dlg.data(), m.weights.head(), dh.data(), n, V, D);
+      linear_bwd(dlg.data(), m.weights.head().f32().data(), dh.data(), n, V, D);
       rmsnorm_bwd(xs.data(), m.weights.final_norm.data(), dh.data(), dx + static_cast<size_t>(r0) * D, n, D,
                   c.rms_eps);
     }
@@ -162,6 +162,10 @@ RouterStep<Real>::RouterStep(const Model& m, const RouterSpec& spec, const Real*
   if (spec.n_layers != c.n_layers || spec.n_kv_heads != c.n_kv_heads || spec.head_dim != c.head_dim)
     throw std::invalid_argument("router shape does not match the model");
   if (spec.sparse_mode == HeadMode::Full) throw std::invalid_argument("router sparse mode must be ssa or xattn");
+  // The backward reads each weight transposed through sgemm, which wants fp32 rows.
+  if (!m.weights.all_f32())
+    throw std::invalid_argument("router training reads fp32 weights: widen the model's block-format matrices first "
+                                "(ModelWeights::widen)");
 }
 
 template <class Real>
@@ -188,7 +192,7 @@ StepResult<Real> RouterStep<Real>::forward(const TrainSample& s, const GateSetti
   I.x.assign(L + 1, std::vector<Real>(static_cast<size_t>(T) * D));
   for (int t = 0; t < T; ++t)
     for (int d = 0; d < D; ++d)
-      I.x[0][static_cast<size_t>(t) * D + d] = Real(I.m.weights.embed[static_cast<size_t>(s.ids[t]) * D + d]);
+      I.x[0][static_cast<size_t>(t) * D + d] = Real(I.m.weights.embed.f32()[static_cast<size_t>(s.ids[t]) * D + d]);
   StepResult<Real> r;
   r.p_full.resize(I.z_all.size());
   LayerActs<Real> A;
@@ -222,18 +226,18 @@ void RouterStep<Real>::backward(Real lm_weight, Real omega_weight, Real* dparams
     I.layer(l, I.x[l].data(), A, false, nullptr);
     // MLP
     da.assign(static_cast<size_t>(T) * F, Real(0));
-    linear_bwd(dx.data(), W.w_down.data(), da.data(), T, D, F);
+    linear_bwd(dx.data(), W.w_down.f32().data(), da.data(), T, D, F);
     dg.assign(da.size(), Real(0));
     du.assign(da.size(), Real(0));
     swiglu_bwd(A.g.data(), A.u.data(), da.data(), dg.data(), du.data(), da.size());
     dh2.assign(static_cast<size_t>(T) * D, Real(0));
-    linear_bwd(dg.data(), W.w_gate.data(), dh2.data(), T, F, D);
-    linear_bwd(du.data(), W.w_up.data(), dh2.data(), T, F, D);
+    linear_bwd(dg.data(), W.w_gate.f32().data(), dh2.data(), T, F, D);
+    linear_bwd(du.data(), W.w_up.f32().data(), dh2.data(), T, F, D);
     dxmid = dx;
     rmsnorm_bwd(A.xmid.data(), W.mlp_norm.data(), dh2.data(), dxmid.data(), T, D, c.rms_eps);
     // o_proj and the gate's mixture
     dO.assign(nq, Real(0));
-    linear_bwd(dxmid.data(), W.wo.data(), dO.data(), T, D, Hq * hd);
+    linear_bwd(dxmid.data(), W.wo.f32().data(), dO.data(), T, D, Hq * hd);
     std::vector<Real> dz(Hkv, dz_omega);
     dof.resize(nq);
     dos.resize(nq);
@@ -289,9 +293,9 @@ void RouterStep<Real>::backward(Real lm_weight, Real omega_weight, Real* dparams
       dk.swap(dkr);
     }
     dh.assign(static_cast<size_t>(T) * D, Real(0));
-    linear_bwd(dq.data(), W.wq.data(), dh.data(), T, Hq * hd, D);
-    linear_bwd(dk.data(), W.wk.data(), dh.data(), T, Hkv * hd, D);
-    linear_bwd(dv.data(), W.wv.data(), dh.data(), T, Hkv * hd, D);
+    linear_bwd(dq.data(), W.wq.f32().data(), dh.data(), T, Hq * hd, D);
+    linear_bwd(dk.data(), W.wk.f32().data(), dh.data(), T, Hkv * hd, D);
+    linear_bwd(dv.data(), W.wv.f32().data(), dh.data(), T, Hkv * hd, D);
     dx = dxmid;
     rmsnorm_bwd(I.x[l].data(), W.attn_norm.data(), dh.data(), dx.data(), T, D, c.rms_eps);
   }

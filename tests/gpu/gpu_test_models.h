@@ -46,19 +46,19 @@ inline Model make_model(bool llama, uint64_t seed) {
     round_bf16(v);
   };
   const int D = c.hidden, qd = c.n_heads * c.head_dim, kd = c.n_kv_heads * c.head_dim;
-  fill(m.weights.embed, 1.0);
+  fill(m.weights.embed.f32(), 1.0);
   fill(m.weights.final_norm, 0.1, 1.0);
-  if (!m.weights.lm_head.empty()) fill(m.weights.lm_head, 1.0 / std::sqrt(D));
+  if (!m.weights.lm_head.empty()) fill(m.weights.lm_head.f32(), 1.0 / std::sqrt(D));
   for (LayerWeights& L : m.weights.layers) {
     fill(L.attn_norm, 0.1, 1.0);
     fill(L.mlp_norm, 0.1, 1.0);
-    fill(L.wq, 1.0 / std::sqrt(D));
-    fill(L.wk, 1.0 / std::sqrt(D));
-    fill(L.wv, 1.0 / std::sqrt(D));
-    fill(L.wo, 0.5 / std::sqrt(qd));
-    fill(L.w_gate, 1.0 / std::sqrt(D));
-    fill(L.w_up, 1.0 / std::sqrt(D));
-    fill(L.w_down, 0.5 / std::sqrt(c.intermediate));
+    fill(L.wq.f32(), 1.0 / std::sqrt(D));
+    fill(L.wk.f32(), 1.0 / std::sqrt(D));
+    fill(L.wv.f32(), 1.0 / std::sqrt(D));
+    fill(L.wo.f32(), 0.5 / std::sqrt(qd));
+    fill(L.w_gate.f32(), 1.0 / std::sqrt(D));
+    fill(L.w_up.f32(), 1.0 / std::sqrt(D));
+    fill(L.w_down.f32(), 0.5 / std::sqrt(c.intermediate));
     if (c.qk_norm) {
       fill(L.q_norm, 0.1, 1.0);
       fill(L.k_norm, 0.1, 1.0);
