@@ -178,7 +178,12 @@ if [ "${ELASTIC_SKIP_REAL_MODEL:-0}" != 1 ]; then  # scripts/setup.sh fetched it
     { echo "FAIL: generate without -m: $out" | head -3; fails=$((fails+1)); }
   grep -qF "generate: no -m given: using the default model" <<<"$out" ||
     { echo "FAIL: generate without -m does not say which model: $out" | head -3; fails=$((fails+1)); }
+  # --chat asks the instruct model a question through its chat template: the answer names Paris.
+  out=$("$BIN" generate --chat -p "What is the capital of France? Answer in one word." -n 8 2>/dev/null) ||
+    { echo "FAIL: generate --chat: $out" | head -3; fails=$((fails+1)); }
+  grep -qi "paris" <<<"$out" || { echo "FAIL: generate --chat does not answer Paris: $out" | head -3; fails=$((fails+1)); }
 fi
+expect_fail "--chat requires --prompt" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --chat
 rm -rf $TMP
 [ $fails -eq 0 ] && echo "all CLI error cases passed"
 exit $fails

@@ -136,7 +136,7 @@ void set_threads(int t) {
 }
 
 std::function<std::string(const std::string&)> model_chat_format(const std::string& model, bool have_tokenizer,
-                                                                 bool no_chat, const char* who) {
+                                                                 bool no_chat, const char* who, const char* off_hint) {
   if (!have_tokenizer || no_chat) return {};
   ChatTemplate ct = ChatTemplate::from_model_dir(model);
   if (ct.family() == ChatFamily::Unknown) {
@@ -144,7 +144,7 @@ std::function<std::string(const std::string&)> model_chat_format(const std::stri
     return {};
   }
   if (ct.family() == ChatFamily::None) return {};
-  std::fprintf(stderr, "%s: chat template %s applied (--no-chat to turn off)\n", who, chat_family_name(ct.family()));
+  std::fprintf(stderr, "%s: chat template %s applied (%s to turn off)\n", who, chat_family_name(ct.family()), off_hint);
   return [ct](const std::string& user) { return ct.apply({{"user", user}}, true); };
 }
 

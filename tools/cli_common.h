@@ -70,7 +70,8 @@ void print_metrics(const RoutingTable& r, const AttentionStats& st);
 // mix); empty when there is no tokenizer, --no-chat is given, or the template is not a known family. `who` prefixes
 // the note printed on stderr.
 std::function<std::string(const std::string&)> model_chat_format(const std::string& model, bool have_tokenizer,
-                                                                 bool no_chat, const char* who);
+                                                                 bool no_chat, const char* who,
+                                                                 const char* off_hint = "--no-chat");
 void set_threads(int t);
 // What every subcommand says when given a CUDA flag (`flag`: "--device cuda", "--gpus") in a build without the CUDA
 // backend (configured with ELASTIC_CUDA=OFF, or where CMake found no nvcc).

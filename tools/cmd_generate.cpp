@@ -24,7 +24,7 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
     int n = 32, ctx = 0, threads = 0, topk = 0, chunk = kDefaultPrefillChunk;
     float temp = 0.f, topp = 1.f;
     uint64_t seed = 0;
-    bool print_ids = false, ignore_eos = false;
+    bool print_ids = false, ignore_eos = false, chat = false;
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("generate", "Generate a continuation of a prompt");
@@ -32,6 +32,9 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
   auto* opt_p = sub->add_option("-p,--prompt", o->prompt, "Prompt text");
   auto* opt_ids = sub->add_option("--ids", o->ids, "Prompt as a 1-D int32 .npy of token ids");
   opt_p->excludes(opt_ids);
+  // A completion by default, like llama.cpp's raw mode: -p is continued as written. --chat asks an instruct model a
+  // question the way serve's /v1/chat/completions does.
+  sub->add_flag("--chat", o->chat, "Send -p as a user message through the model's chat template")->needs(opt_p);
   sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's)");
   // -n and -c are checked against the model's context once it is loaded (generation_capacity).
   sub->add_option("-n,--n-predict", o->n, "Tokens to generate")->check(in_range(0, kMaxTokens));
@@ -57,7 +60,14 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
       prompt = read_npy_ids(o->ids);
     } else {
       t = load_model_tokenizer(o->model, o->tok, true);
-      prompt = t->encode(o->prompt);
+      std::string text = o->prompt;
+      if (o->chat) {
+        const auto format = model_chat_format(o->model, true, false, "generate", "leave out --chat");
+        if (!format)
+          throw std::runtime_error("generate --chat: " + o->model + " has no chat template of a known family");
+        text = format(text);
+      }
+      prompt = t->encode(text);
     }
     if (!o->print_ids && !t) t = load_model_tokenizer(o->model, o->tok);
     // Before any allocation: -n 100000000 is an error naming -n and the context, not a bad_alloc.
