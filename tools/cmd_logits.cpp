@@ -4,11 +4,17 @@
 #include "cli_common.h"
 #include "elastic/generate.h"
 #include "elastic/npy.h"
+#ifdef ELASTIC_HAVE_CUDA
+#include "elastic/gpu_model.h"
+#endif
 
 namespace elastic::cli {
 
 void add_logits_command(CLI::App& app, Commands& cmds) {
-  struct Opts { std::string model, ids, out, routing, mode, router; int threads = 0, chunk = kDefaultPrefillChunk; };
+  struct Opts {
+    std::string model, ids, out, routing, mode, router, device = "cpu";
+    int threads = 0, chunk = kDefaultPrefillChunk;
+  };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("logits", "Write float32 logits [T, vocab] for int32 token ids");
   add_model_option(sub, o->model);
@@ -16,6 +22,8 @@ void add_logits_command(CLI::App& app, Commands& cmds) {
   sub->add_option("-o,--output", o->out, "Output .npy")->required();
   add_threads_option(sub, o->threads);
   add_routing_options(sub, o->routing, o->mode, o->router, o->chunk);
+  // cuda: the bf16 GPU backend's logits (widened to fp32), to compare with transformers' bf16 outputs.
+  sub->add_option("--device", o->device, "cpu, or cuda (bf16 GPU backend)")->check(CLI::IsMember({"cpu", "cuda"}));
   cmds.push_back({sub, [o] {
     resolve_model(o->model, "logits");
     set_threads(o->threads);
@@ -23,13 +31,32 @@ void add_logits_command(CLI::App& app, Commands& cmds) {
     if (ids.empty()) throw std::runtime_error(o->ids + ": no token ids");
     Model m = Model::load(o->model);
     apply_routing(m, o->routing, o->mode, o->router);
-    KVCache cache;
-    cache.init(m.config, static_cast<int>(ids.size()));
+    const int T = static_cast<int>(ids.size());
+    if (m.config.max_positions > 0 && T > m.config.max_positions)
+      throw std::runtime_error(o->ids + ": " + std::to_string(T) + " ids exceed the model's context " +
+                               std::to_string(m.config.max_positions));
     std::vector<float> logits;
-    AttentionStats st;
-    m.prefill(ids.data(), static_cast<int>(ids.size()), o->chunk, cache, logits, true, &st);
-    print_metrics(cache.routing.n_layers ? cache.routing : m.routing, st);
-    write_npy_f32(o->out, logits.data(), {static_cast<int64_t>(ids.size()), m.config.vocab});
+    if (o->device == "cuda") {
+#ifdef ELASTIC_HAVE_CUDA
+      cuda::GpuOptions go;
+      go.max_ctx = T;
+      go.chunk = o->chunk;
+      auto g = cuda::GpuModel::upload(m, go);
+      std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
+      g->prefill(ids.data(), T, m.router ? nullptr : &m.routing, m.router.get(), &logits, true);
+      // The same figures the CPU prints, from the routing the prompt got (XAttention heads: NaN, input-dependent).
+      print_metrics(g->routing(), routed_prefill_stats(g->routing(), T));
+#else
+      no_cuda_backend("logits");
+#endif
+    } else {
+      KVCache cache;
+      cache.init(m.config, T);
+      AttentionStats st;
+      m.prefill(ids.data(), T, o->chunk, cache, logits, true, &st);
+      print_metrics(cache.routing.n_layers ? cache.routing : m.routing, st);
+    }
+    write_npy_f32(o->out, logits.data(), {static_cast<int64_t>(T), m.config.vocab});
   }});
 }
 
