@@ -114,6 +114,12 @@ TEST_P(Fixture, HybridCacheDecodesLikeFullCache) {
   EXPECT_EQ(hybrid, ref);
   EXPECT_LT(st.kv_bytes, full.bytes());
   EXPECT_LT(st.attn.flops_ratio(), 1.0);
+  // Prefill and decode rows together are what routed_prefill_stats counts over prompt + n_new - 1 rows (the last
+  // token is never fed): the GPU's generate reports that function's figures, so both devices print the same ones.
+  const AttentionStats want = routed_prefill_stats(m.routing, int(prompt.size()) + n_new - 1);
+  EXPECT_NEAR(st.attn.flops_ratio(), want.flops_ratio(), 1e-12);
+  EXPECT_NEAR(st.attn.esr(), want.esr(), 1e-12);
+  EXPECT_GT(st.attn.esr(), 0.0);
   // The cache keeps the routing it was built for: decode follows it even after the model's routing changes.
   KVCache hc;
   hc.init(m.config, prompt.size() + n_new, &m.routing);

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "elastic/attention.h"
 #include "elastic/gpu_model.h"
 
 namespace elastic::cuda {
@@ -18,6 +19,7 @@ std::vector<int32_t> generate(GpuModel& g, const std::vector<int32_t>& prompt, i
   using clock = std::chrono::steady_clock;
   g.prefill(prompt.data(), int(prompt.size()), routing, router, &logits, false, &ps);
   std::vector<int32_t> out;
+  int fed = int(prompt.size());  // rows that ran attention: the prompt, then one per decode step
   const auto t1 = clock::now();
   int32_t id = greedy ? int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin())
                       : sampler.sample(logits.data(), c.vocab);
@@ -27,6 +29,7 @@ std::vector<int32_t> generate(GpuModel& g, const std::vector<int32_t>& prompt, i
     if (stop_at_eos && std::find(c.eos_ids.begin(), c.eos_ids.end(), id) != c.eos_ids.end()) break;
     if (i + 1 == n_new) break;
     const int32_t next = g.decode(id, greedy ? nullptr : &logits);
+    ++fed;
     id = greedy ? next : sampler.sample(logits.data(), c.vocab);
   }
   if (stats) {
@@ -36,6 +39,9 @@ std::vector<int32_t> generate(GpuModel& g, const std::vector<int32_t>& prompt, i
     stats->decode_s = std::chrono::duration<double>(clock::now() - t1).count();
     stats->kv_bytes = ps.kv_bytes;
     stats->routing = g.routing();
+    // The CPU counts the work of every row it runs; the same figures from the routing alone (tests/test_model.cpp
+    // ties the two), so generate prints one Omega_ESR and FLOPs ratio on either device. XAttention heads: NaN.
+    stats->attn = routed_prefill_stats(g.routing(), fed);
     stats->attn.seconds = ps.attention_ms / 1e3;
   }
   return out;

@@ -158,6 +158,29 @@ TEST_P(GpuModelTest, DecodeStepsMatchCpuWithAndWithoutGraphs) {
   EXPECT_EQ(g_graph->length(), int(ids.size() + next.size()));
 }
 
+// generate prints the same routing figures on both devices: the GPU's are routed_prefill_stats over the rows it ran,
+// which tests/test_model.cpp ties to the CPU's counted work.
+TEST_P(GpuModelTest, GenerateFiguresMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  TRACED_SEED(seed);
+  Model m = make_model(GetParam(), seed);
+  std::mt19937_64 rng(seed);
+  cuda::GpuOptions o;
+  o.max_ctx = 1024;
+  o.chunk = 256;
+  auto g = cuda::GpuModel::upload(m, o);
+  const auto ids = random_ids(400, m.config.vocab, rng);
+  m.routing = mixed(m.config, false);
+  GenerateStats cpu, gpu;
+  generate(m, ids, 12, 0, SamplerParams{}, false, &cpu);
+  cuda::generate(*g, ids, 12, &m.routing, nullptr, SamplerParams{}, false, &gpu);
+  EXPECT_LT(cpu.attn.flops_ratio(), 1.0);
+  EXPECT_GT(cpu.attn.esr(), 0.0);
+  EXPECT_NEAR(gpu.attn.flops_ratio(), cpu.attn.flops_ratio(), 1e-12);
+  EXPECT_NEAR(gpu.attn.esr(), cpu.attn.esr(), 1e-12);
+  EXPECT_NEAR(gpu.routing.msr(), cpu.routing.msr(), 1e-12);
+}
+
 TEST_P(GpuModelTest, RouterDecidesLikeCpu) {
   SKIP_WITHOUT_GPU();
   TRACED_SEED(seed);
