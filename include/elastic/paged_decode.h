@@ -1,0 +1,49 @@
+#pragma once
+// One decode step's attention over paged K/V (kv_pages.h) for a batch of sequences, as data: which pages each
+// (sequence, KV head) attends and how the work is cut into units (plan/run, as in FlashInfer). The plan is built on
+// the host from the sequences' HeadPages; the CUDA kernel (cuda_paged_decode.h) and the CPU reference below read the
+// same plan. Every head attends its `kept` positions (the query's own key and value are already stored); each of the
+// KV head's query heads gets softmax(q k^T / sqrt(hd)) v over them.
+#include <cstdint>
+#include <vector>
+
+#include "elastic/kv_pages.h"
+
+namespace elastic {
+
+// Keys of one unit: a multiple of this (the kernel's key tile), so a tile never straddles two pages.
+constexpr int kPagedTile = 16;
+
+struct PagedDecodeHead {  // one (sequence, KV head), sequence-major: index = seq * n_kv_heads + kv_head
+  int32_t page_offset;    // its first entry in PagedDecodePlan::page_table
+  int32_t kept;           // positions attended: pages [0, ceil(kept / page_size)) of its list
+  int32_t unit_begin, unit_end;  // its units in PagedDecodePlan::units (merged into its query heads' outputs)
+};
+
+struct PagedDecodeUnit {  // one warp's work: keys [key_begin, key_end) of one head's kept list
+  int32_t head;           // index into PagedDecodePlan::heads
+  int32_t key_begin, key_end;
+};
+
+struct PagedDecodePlan {
+  int n_seqs = 0, n_kv_heads = 0, page_size = 0, keys_per_unit = 0;
+  std::vector<int32_t> page_table;     // concatenated page lists
+  std::vector<PagedDecodeHead> heads;  // [n_seqs * n_kv_heads]
+  std::vector<PagedDecodeUnit> units;
+};
+
+// Keys per unit for a step that attends `total_keys` keys in all: enough units for `target_units` warps (the
+// device's resident warps), at least 64 keys (a unit's partial costs about as much to merge as 64 keys to read) and
+// at most 4096; a multiple of 64.
+int paged_keys_per_unit(int64_t total_keys, int target_units);
+
+// heads: [n_seqs * n_kv_heads] (sequence-major) page lists of one layer, each with kept >= 1. keys_per_unit: a
+// positive multiple of kPagedTile. Throws std::invalid_argument otherwise.
+PagedDecodePlan plan_paged_decode(const std::vector<const HeadPages*>& heads, int n_kv_heads, int page_size,
+                                  int keys_per_unit);
+
+// fp32 reference: q, out [n_seqs, n_heads, head_dim]; k_pool, v_pool [n_pages, page_size, head_dim].
+void paged_decode_reference(const PagedDecodePlan& plan, const float* q, const float* k_pool, const float* v_pool,
+                            int n_heads, int head_dim, float* out);
+
+}  // namespace elastic

@@ -1,0 +1,188 @@
+// Page pool and per-head page lists (kv_pages.h).
+#include "elastic/kv_pages.h"
+
+#include <algorithm>
+
+namespace elastic {
+namespace {
+
+void bad(const std::string& what) { throw std::invalid_argument("KV pages: " + what); }
+
+bool keeps_all(HeadMode m) { return m != HeadMode::Streaming; }  // XAttention heads decode densely
+
+// Pages one head holds after growing from `c0` to `c1` positions, starting from what it kept for the query at c0
+// (the SequencePages schedule), without a pool: for pages_for().
+int64_t held_pages(HeadMode m, const SparseSettings& s, int P, int c0, int c1) {
+  const int B = s.block, qb0 = c0 / B, last = (c1 - 1) / B;
+  int64_t pages = 0;
+  for (int kb = 0; kb <= last; ++kb) {
+    const bool held = kb * int64_t(B) >= c0 || keeps_all(m) || streaming_keeps(qb0, kb, s);
+    if (!held) continue;
+    const int positions = static_cast<int>(std::min<int64_t>(B, int64_t(c1) - int64_t(kb) * B));
+    pages += (positions + P - 1) / P;
+  }
+  return pages;
+}
+
+}  // namespace
+
+PagePool::PagePool(int64_t n_pages, int page_size) : n_pages_(n_pages), page_size_(page_size) {
+  if (page_size < 16 || page_size > 4096 || page_size % 16)
+    bad("page size " + std::to_string(page_size) + " must be a multiple of 16 in [16, 4096]");
+  if (n_pages < 1 || n_pages > INT32_MAX) bad("pool of " + std::to_string(n_pages) + " pages is not in [1, 2^31)");
+  free_.resize(static_cast<size_t>(n_pages));
+  for (int64_t i = 0; i < n_pages; ++i) free_[static_cast<size_t>(i)] = static_cast<int32_t>(n_pages - 1 - i);
+  in_use_.assign(static_cast<size_t>(n_pages), 0);
+}
+
+int32_t PagePool::allocate() {
+  if (free_.empty())
+    throw OutOfPages("KV page pool: out of pages (all " + std::to_string(n_pages_) + " pages of " +
+                     std::to_string(page_size_) + " positions in use)");
+  const int32_t p = free_.back();
+  free_.pop_back();
+  in_use_[static_cast<size_t>(p)] = 1;
+  return p;
+}
+
+void PagePool::release(int32_t page) {
+  if (page < 0 || page >= n_pages_)
+    throw std::logic_error("KV page pool: release of page " + std::to_string(page) + ", not in [0, " +
+                           std::to_string(n_pages_) + ")");
+  if (!in_use_[static_cast<size_t>(page)])
+    throw std::logic_error("KV page pool: page " + std::to_string(page) + " released twice");
+  in_use_[static_cast<size_t>(page)] = 0;
+  free_.push_back(page);
+}
+
+SequencePages::SequencePages(PagePool& pool, const RoutingTable& routing) : pool_(pool), routing_(routing) {
+  const int B = routing.sparse.block;
+  if (routing.n_layers <= 0 || routing.n_kv_heads <= 0 ||
+      routing.mode.size() != static_cast<size_t>(routing.n_layers) * routing.n_kv_heads)
+    bad("routing has no heads or its mode list does not match its layers x KV heads");
+  if (B <= 0 || B % pool.page_size())
+    bad("sparse block " + std::to_string(B) + " is not a multiple of the page size " + std::to_string(pool.page_size()));
+  n_kv_heads_ = routing.n_kv_heads;
+  heads_.resize(routing.mode.size());
+  for (size_t i = 0; i < heads_.size(); ++i) heads_[i].mode = routing.mode[i];
+}
+
+SequencePages::~SequencePages() { release_all(); }
+
+bool SequencePages::keeps(const HeadPages& h, int qb, int kb) const {
+  return keeps_all(h.mode) || streaming_keeps(qb, kb, routing_.sparse);
+}
+
+void SequencePages::grow(int n_pos) {
+  if (n_pos < length_) bad("grow to " + std::to_string(n_pos) + " positions below the length " + std::to_string(length_));
+  const int P = pool_.page_size(), B = routing_.sparse.block;
+  // Pages start at multiples of P: a new page for each of them in [length_, n_pos), and none when length_ sits
+  // inside a page (the head's last page has room up to the next multiple).
+  const int first = (length_ + P - 1) / P, end = (n_pos + P - 1) / P;  // page indices [first, end) in position order
+  if (end <= first) {
+    for (HeadPages& h : heads_) h.kept += n_pos - length_;
+    length_ = n_pos;
+    return;
+  }
+  std::vector<size_t> before(heads_.size());
+  for (size_t i = 0; i < heads_.size(); ++i) before[i] = heads_[i].pages.size();
+  try {
+    for (HeadPages& h : heads_)
+      for (int pg = first; pg < end; ++pg) {
+        h.pages.push_back(pool_.allocate());
+        h.page_block.push_back(static_cast<int32_t>(int64_t(pg) * P / B));
+      }
+  } catch (const OutOfPages&) {  // all or nothing: give back what this call took
+    for (size_t i = 0; i < heads_.size(); ++i) {
+      HeadPages& h = heads_[i];
+      while (h.pages.size() > before[i]) {
+        pool_.release(h.pages.back());
+        h.pages.pop_back();
+        h.page_block.pop_back();
+      }
+    }
+    throw;
+  }
+  for (HeadPages& h : heads_) h.kept += n_pos - length_;
+  length_ = n_pos;
+}
+
+void SequencePages::release_unused() {
+  const int B = routing_.sparse.block, P = pool_.page_size(), qb = length_ / B;
+  for (HeadPages& h : heads_) {
+    if (keeps_all(h.mode)) continue;
+    size_t w = 0;
+    for (size_t i = 0; i < h.pages.size(); ++i) {
+      if (keeps(h, qb, h.page_block[i]) || int64_t(h.page_block[i]) * B >= length_) {
+        h.pages[w] = h.pages[i];
+        h.page_block[w] = h.page_block[i];
+        ++w;
+      } else {
+        pool_.release(h.pages[i]);
+        h.kept -= P;  // a dropped block lies before the query's block: its pages are full
+      }
+    }
+    h.pages.resize(w);
+    h.page_block.resize(w);
+  }
+}
+
+void SequencePages::release_all() {
+  for (HeadPages& h : heads_) {
+    for (const int32_t p : h.pages) pool_.release(p);
+    h.pages.clear();
+    h.page_block.clear();
+    h.kept = 0;
+  }
+  length_ = 0;
+}
+
+int64_t SequencePages::row(int layer, int kv_head, int pos) const {
+  if (layer < 0 || layer >= routing_.n_layers || kv_head < 0 || kv_head >= n_kv_heads_ || pos < 0 || pos >= length_)
+    throw std::out_of_range("KV pages: no layer " + std::to_string(layer) + ", KV head " + std::to_string(kv_head) +
+                            ", position " + std::to_string(pos) + " (length " + std::to_string(length_) + ")");
+  const HeadPages& h = head(layer, kv_head);
+  const int P = pool_.page_size(), B = routing_.sparse.block, kb = pos / B, within = (pos % B) / P;
+  // Pages are in block order, a block's pages in position order; new positions sit at the back.
+  for (size_t i = h.pages.size(); i-- > 0;)
+    if (h.page_block[i] == kb) {
+      size_t j = i;
+      while (j > 0 && h.page_block[j - 1] == kb) --j;  // j: the block's first page
+      if (j + within > i) break;
+      return int64_t(h.pages[j + within]) * P + pos % P;
+    }
+  throw std::out_of_range("KV pages: layer " + std::to_string(layer) + " KV head " + std::to_string(kv_head) +
+                          " no longer holds position " + std::to_string(pos) + " (outside its window)");
+}
+
+int64_t SequencePages::pages_held() const {
+  int64_t n = 0;
+  for (const HeadPages& h : heads_) n += static_cast<int64_t>(h.pages.size());
+  return n;
+}
+
+int64_t pages_for(const RoutingTable& routing, int page_size, int prompt, int chunk, int n_pos) {
+  if (prompt < 1 || n_pos < prompt)
+    bad("pages_for: prompt " + std::to_string(prompt) + " and n_pos " + std::to_string(n_pos) + " (need 1 <= prompt <= n_pos)");
+  if (page_size < 16 || routing.sparse.block % page_size) bad("pages_for: block not a multiple of the page size");
+  const int step = chunk > 0 ? chunk : prompt;
+  int64_t n_full = 0, n_streaming = 0;
+  for (const HeadMode m : routing.mode) (keeps_all(m) ? n_full : n_streaming) += 1;
+  int64_t most = 0;
+  auto at = [&](int c0, int c1) {
+    return n_full * held_pages(HeadMode::Full, routing.sparse, page_size, c0, c1) +
+           n_streaming * held_pages(HeadMode::Streaming, routing.sparse, page_size, c0, c1);
+  };
+  for (int c0 = 0; c0 < prompt; c0 += step) most = std::max(most, at(c0, std::min(prompt, c0 + step)));
+  // Decode steps: within a block a head's pages only grow; a streaming head drops its oldest window block when a new
+  // block starts, and its count at each block's last position never shrinks from block to block. So the most is
+  // at the last step or at the last position of the block before it.
+  if (n_pos > prompt) {
+    const int last = n_pos - 1, prev = last / routing.sparse.block * routing.sparse.block - 1;
+    most = std::max(most, at(last, last + 1));
+    if (prev >= prompt) most = std::max(most, at(prev, prev + 1));
+  }
+  return most;
+}
+
+}  // namespace elastic
