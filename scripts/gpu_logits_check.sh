@@ -3,7 +3,7 @@
 # --device cuda for the transformers fixtures, each compared with transformers' logits.npy. Logs go to $OUT.
 set -u
 O=$OUT
-SKIP_TRAIN=1 SKIP_BENCH=1 SKIP_HF=1 bash scripts/gpu_model.sh > $O/gpu_model.log 2>&1; echo "gpu_model rc=$?"
+TEST_TIMEOUT=${TEST_TIMEOUT:-240} SKIP_TRAIN=1 SKIP_BENCH=1 SKIP_HF=1 bash scripts/gpu_model.sh > $O/gpu_model.log 2>&1; echo "gpu_model rc=$?"
 tail -n 25 $O/gpu_model.log
 export LD_LIBRARY_PATH=$PWD/.gpucarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 for f in qwen3_gpu llama_gpu; do

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@
 #include "elastic/attention.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
+#include "elastic/cuda_paged_decode.h"
+#include "elastic/kv_pages.h"
 
 using namespace elastic::cuda;
 
@@ -171,18 +174,118 @@ void decode_table(const std::vector<int>& lengths, Timer& timer) {
   }
 }
 
+// Device-to-device copy rate, read + written bytes per second: the ceiling a decode step that reads its K/V once
+// can approach.
+double copy_gbs(Timer& timer) {
+  const size_t n = size_t(1) << 30;
+  void *a, *b;
+  ELASTIC_CUDA_CHECK(cudaMalloc(&a, n));
+  ELASTIC_CUDA_CHECK(cudaMalloc(&b, n));
+  ELASTIC_CUDA_CHECK(cudaMemset(a, 1, n));
+  const double ms = timer.median_ms([&] { ELASTIC_CUDA_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); }, 10);
+  ELASTIC_CUDA_CHECK(cudaFree(a));
+  ELASTIC_CUDA_CHECK(cudaFree(b));
+  return 2.0 * n / (ms * 1e-3) * 1e-9;
+}
+
+// Paged decode (Qwen3-4B attention shape, page 64): a batch of sequences, each with its lengths and routing laid
+// out by SequencePages as after a long decode; one launch of paged_decode_attention per layer. Batch 1 rows also
+// time decode_attention (the contiguous per-head cache kernel) on the same lengths for comparison. K/V bytes read
+// per second against the measured copy rate.
+void paged_table(const std::vector<int>& lengths, Timer& timer) {
+  const int Hq = 32, Hkv = 8, hd = 128, P = 64;
+  const double copy = copy_gbs(timer);
+  cudaDeviceProp prop{};
+  ELASTIC_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int target_units = prop.multiProcessorCount * 16;  // the partial kernel's resident warps
+  std::printf("\ncopy (device to device, read + write): %.0f GB/s\n\n| batch | lengths | routing | units x keys |"
+              " us/layer | K+V read GB/s | of copy |\n|---|---|---|---|---|---|---|\n", copy);
+  struct Form {
+    std::vector<int> lens;
+    const char* routing;  // full, ssa, hybrid (70% of KV heads streaming, per sequence)
+  };
+  std::vector<Form> forms;
+  for (const int T : lengths)
+    for (const char* r : {"full", "hybrid 0.7", "ssa"}) forms.push_back({{T}, r});
+  std::mt19937 rng(11);
+  for (const int batch : {8, 32})
+    for (const char* r : {"full", "hybrid 0.7", "ssa"}) {
+      std::vector<int> lens(batch);
+      for (auto& x : lens) x = 1024 << (rng() % 8);  // 1K .. 128K
+      forms.push_back({lens, r});
+    }
+  for (const Form& f : forms) {
+    const int n = int(f.lens.size());
+    int64_t total = 0;
+    for (const int T : f.lens) total += (int64_t(T) + P - 1) / P * Hkv;
+    elastic::PagePool pool(total + Hkv * n, P);
+    std::vector<std::unique_ptr<elastic::SequencePages>> seqs;
+    std::vector<const elastic::HeadPages*> heads;
+    for (int b = 0; b < n; ++b) {
+      elastic::RoutingTable r = elastic::RoutingTable::all_full(1, Hkv);
+      const std::string rt = f.routing;
+      for (int h = 0; h < Hkv; ++h)
+        if (rt == "ssa" || (rt == "hybrid 0.7" && (h + b) % 10 < 7)) r.mode[h] = elastic::HeadMode::Streaming;
+      r.sparse.block = 64, r.sparse.sink = 128, r.sparse.local = 2048;
+      seqs.push_back(std::make_unique<elastic::SequencePages>(pool, r));
+      seqs.back()->grow(f.lens[b] - 1);
+      seqs.back()->release_unused();
+      seqs.back()->grow(f.lens[b]);
+      for (int h = 0; h < Hkv; ++h) heads.push_back(&seqs.back()->head(0, h));
+    }
+    int64_t kept = 0;
+    for (const auto* h : heads) kept += h->kept;
+    const elastic::PagedDecodePlan plan =
+        elastic::plan_paged_decode(heads, Hkv, P, elastic::paged_keys_per_unit(kept, target_units));
+    const size_t rows = size_t(pool.n_pages()) * P;
+    uint16_t *kp, *vp, *q, *out;
+    ELASTIC_CUDA_CHECK(cudaMalloc(&kp, rows * hd * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&vp, rows * hd * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&q, size_t(n) * Hq * hd * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&out, size_t(n) * Hq * hd * 2));
+    fill_random_bf16<<<1024, 256>>>(kp, rows * hd, 4u, 1.f);
+    fill_random_bf16<<<1024, 256>>>(vp, rows * hd, 5u, 1.f);
+    fill_random_bf16<<<64, 256>>>(q, size_t(n) * Hq * hd, 6u, 1.f);
+    int32_t* table;
+    elastic::PagedDecodeHead* dh;
+    elastic::PagedDecodeUnit* du;
+    float* ws;
+    ELASTIC_CUDA_CHECK(cudaMalloc(&table, plan.page_table.size() * 4));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&dh, plan.heads.size() * sizeof(elastic::PagedDecodeHead)));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&du, plan.units.size() * sizeof(elastic::PagedDecodeUnit)));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&ws, paged_decode_workspace_floats(int(plan.units.size()), Hq / Hkv, hd) * 4));
+    ELASTIC_CUDA_CHECK(cudaMemcpy(table, plan.page_table.data(), plan.page_table.size() * 4, cudaMemcpyHostToDevice));
+    ELASTIC_CUDA_CHECK(cudaMemcpy(dh, plan.heads.data(), plan.heads.size() * sizeof(elastic::PagedDecodeHead),
+                                  cudaMemcpyHostToDevice));
+    ELASTIC_CUDA_CHECK(cudaMemcpy(du, plan.units.data(), plan.units.size() * sizeof(elastic::PagedDecodeUnit),
+                                  cudaMemcpyHostToDevice));
+    PagedDecodeParams p;
+    p.q = q, p.out = out, p.k_pool = kp, p.v_pool = vp, p.page_table = table, p.heads = dh, p.units = du;
+    p.n_units = int(plan.units.size()), p.workspace = ws;
+    p.n_seqs = n, p.n_heads = Hq, p.n_kv_heads = Hkv, p.head_dim = hd, p.page_size = P;
+    const double ms = timer.median_ms([&] { paged_decode_attention(p, nullptr); }, 50);
+    const double bytes = 2.0 * kept * hd * 2;
+    std::string lens = n == 1 ? std::to_string(f.lens[0]) : "mixed 1K-128K (" + std::to_string(kept / Hkv / n) + " kept avg)";
+    std::printf("| %d | %s | %s | %zu x %d | %.1f | %.0f | %.2f |\n", n, lens.c_str(), f.routing, plan.units.size(),
+                plan.keys_per_unit, ms * 1e3, bytes / (ms * 1e-3) * 1e-9, bytes / (ms * 1e-3) * 1e-9 / copy);
+    std::fflush(stdout);
+    for (void* x : std::initializer_list<void*>{kp, vp, q, out, table, dh, du, ws}) ELASTIC_CUDA_CHECK(cudaFree(x));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> lengths;
-  bool decode_only = false, kernels_only = false, paired_only = false;
+  bool decode_only = false, kernels_only = false, paired_only = false, paged_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--decode") decode_only = true;
+    else if (a == "--paged") paged_only = true, decode_only = true;
     else if (a == "--kernels") kernels_only = true;  // only the all-full / all-streaming rows of each kernel
     else if (a == "--paired") paired_only = true;     // only the paired SA-cost table
     else if (a.empty() || a.find_first_not_of("0123456789") != std::string::npos || std::atoi(a.c_str()) <= 0) {
-      std::fprintf(stderr, "bench_attention_gpu: bad argument '%s' (usage: [--decode | --kernels | --paired] [T ...])\n",
+      std::fprintf(stderr, "bench_attention_gpu: bad argument '%s' (usage: [--decode | --paged | --kernels | --paired] [T ...])\n",
                    a.c_str());
       return 2;
     } else lengths.push_back(std::atoi(a.c_str()));
@@ -190,7 +293,8 @@ int main(int argc, char** argv) {
   if (lengths.empty()) lengths = {8192, 16384, 32768, 65536, 131072};
   if (decode_only) {
     Timer timer;
-    decode_table(lengths, timer);
+    if (!paged_only) decode_table(lengths, timer);
+    paged_table(lengths, timer);
     return 0;
   }
   const int Hq = 32, Hkv = 8, hd = 128, B = 64, sink = 128, local = 2048, L = 5;

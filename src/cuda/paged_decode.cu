@@ -1,0 +1,216 @@
+// Paged decode attention (cuda_paged_decode.h).
+//
+// A warp's unit: keys [key_begin, key_end) of one KV head, 16 keys (one tile, inside one page) at a time. With
+// g = lane / 4 and q = lane % 4 (the mma fragment coordinates):
+//   scores  S^T [16 keys x 8 heads] = K_tile [16 x hd] . Q^T [hd x 8]: A = K rows g and g + 8, read as 16-byte
+//           pieces at dims i*32 + q*8 (i < hd/32): the dot product does not care which dims a k-slot holds as long
+//           as K and Q agree, and this order makes each load instruction read 64 contiguous bytes of 8 rows.
+//   outputs O^T [hd x 8 heads] += V^T [hd x 16 keys] . P^T [16 keys x 8]: A = V rows 2q, 2q + 1, 2q + 8, 2q + 9,
+//           dims c*64 + g*8 (16-byte pieces, 128 contiguous bytes of 4 rows per instruction); an mma A register
+//           pairs two keys of one dim, built from two rows' words with one byte permute (no shared-memory
+//           transpose). P goes through 256 bytes of shared memory per warp to change from the scores' fragment
+//           (keys by g) to the B fragment (heads by g).
+// Online softmax in base 2 per query head; the unit's unnormalized output, max and sum go to the workspace and
+// paged_decode_merge combines a head's units. More than 8 query heads per KV head: two n-tiles of 8 heads.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/mma_sync.cuh"
+#include "elastic/cuda.h"
+#include "elastic/cuda_paged_decode.h"
+
+namespace elastic::cuda {
+namespace {
+
+constexpr int kWarps = 4, kThreads = kWarps * 32, kMaxGroup = 16;
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
+
+__device__ __forceinline__ uint4 load16(const __nv_bfloat16* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+template <int HD, int NT>
+__global__ void __launch_bounds__(kThreads) paged_decode_partial(const PagedDecodeParams p, float scale_log2) {
+  constexpr int KI = HD / 32, VC = HD / 64, MT = HD / 16;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+  __shared__ __align__(16) __nv_bfloat16 sp[kWarps][NT * 8][kPagedTile];  // P of this warp's tile, [head][key]
+  const int n_units = p.n_units_dev ? *p.n_units_dev : p.n_units;
+  const int u = blockIdx.x * kWarps + warp;
+  if (u >= n_units) return;  // per warp; the kernel has no block-wide barrier
+  const PagedDecodeUnit unit = p.units[u];
+  const PagedDecodeHead head = p.heads[unit.head];
+  const int G = p.n_heads / p.n_kv_heads, seq = unit.head / p.n_kv_heads, kvh = unit.head % p.n_kv_heads;
+  const __nv_bfloat16* qg = static_cast<const __nv_bfloat16*>(p.q) + (size_t(seq) * p.n_heads + kvh * G) * HD;
+  uint4 qf[NT][KI];  // B fragments of Q: head nt*8 + g, dims i*32 + q*8 .. + 8 (zero past the group)
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < KI; ++i)
+      qf[nt][i] = nt * 8 + g < G ? load16(qg + (nt * 8 + g) * HD + i * 32 + q * 8) : make_uint4(0, 0, 0, 0);
+  float m_run[NT][2], l_run[NT][2], acc[MT][NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    m_run[nt][0] = m_run[nt][1] = -INFINITY;
+    l_run[nt][0] = l_run[nt][1] = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+  }
+  const int32_t* pages = p.page_table + head.page_offset;
+  const int P = p.page_size;
+  const __nv_bfloat16* kpool = static_cast<const __nv_bfloat16*>(p.k_pool);
+  const __nv_bfloat16* vpool = static_cast<const __nv_bfloat16*>(p.v_pool);
+  for (int t0 = unit.key_begin; t0 < unit.key_end; t0 += kPagedTile) {
+    const size_t base = (size_t(pages[t0 / P]) * P + t0 % P) * HD;  // the tile's 16 rows lie in one page
+    const int n_valid = unit.key_end - t0;  // rows past it: the next unit's or past the head's kept positions
+    uint4 kr[2][KI], vr[4][VC];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int i = 0; i < KI; ++i) kr[r][i] = load16(kpool + base + (g + 8 * r) * HD + i * 32 + q * 8);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = 2 * q + (r & 1) + 8 * (r >> 1);
+#pragma unroll
+      for (int c = 0; c < VC; ++c) {
+        // Past the unit: zeros, not whatever a reused page holds (0 * NaN would poison the sums).
+        vr[r][c] = row < n_valid ? load16(vpool + base + row * HD + c * 64 + g * 8) : make_uint4(0, 0, 0, 0);
+      }
+    }
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int st = 0; st < HD / 16; ++st) {
+        const int i = st >> 1, h = st & 1;
+        const uint32_t a[4] = {word(kr[0][i], 2 * h), word(kr[1][i], 2 * h), word(kr[0][i], 2 * h + 1),
+                               word(kr[1][i], 2 * h + 1)};
+        mma_bf16(s[nt], a, word(qf[nt][i], 2 * h), word(qf[nt][i], 2 * h + 1));
+      }
+    }
+    const bool ok0 = g < n_valid, ok1 = g + 8 < n_valid;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {  // query head nt*8 + 2q + j; keys g and g + 8
+        const float x0 = ok0 ? s[nt][j] * scale_log2 : -INFINITY, x1 = ok1 ? s[nt][2 + j] * scale_log2 : -INFINITY;
+        float mx = fmaxf(x0, x1);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m_run[nt][j], mx);  // finite: the tile's first key is always valid
+        const float alpha = exp2f(m_run[nt][j] - m_new), p0 = exp2f(x0 - m_new), p1 = exp2f(x1 - m_new);
+        l_run[nt][j] = l_run[nt][j] * alpha + p0 + p1;
+        m_run[nt][j] = m_new;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) acc[mt][nt][j] *= alpha, acc[mt][nt][2 + j] *= alpha;
+        sp[warp][nt * 8 + 2 * q + j][g] = __float2bfloat16(p0);
+        sp[warp][nt * 8 + 2 * q + j][g + 8] = __float2bfloat16(p1);
+      }
+    __syncwarp();
+    uint32_t b0[NT], b1[NT];  // P^T: head nt*8 + g, keys 2q, 2q + 1 and 2q + 8, 2q + 9
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      b0[nt] = *reinterpret_cast<const uint32_t*>(&sp[warp][nt * 8 + g][2 * q]);
+      b1[nt] = *reinterpret_cast<const uint32_t*>(&sp[warp][nt * 8 + g][2 * q + 8]);
+    }
+    __syncwarp();  // the next tile overwrites sp
+#pragma unroll
+    for (int c = 0; c < VC; ++c)
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {  // m-tile 4c + w: dims c*64 + g*8 + 2w (rows g) and + 1 (rows g + 8)
+        const uint32_t x0 = word(vr[0][c], w), x1 = word(vr[1][c], w), x2 = word(vr[2][c], w), x3 = word(vr[3][c], w);
+        const uint32_t a[4] = {__byte_perm(x0, x1, 0x5410), __byte_perm(x0, x1, 0x7632), __byte_perm(x2, x3, 0x5410),
+                               __byte_perm(x2, x3, 0x7632)};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma_bf16(acc[4 * c + w][nt], a, b0[nt], b1[nt]);
+      }
+  }
+  float* ws = p.workspace + size_t(u) * G * (HD + 2);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float l = l_run[nt][j];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      const int hq = nt * 8 + 2 * q + j;
+      if (hq >= G) continue;
+      float* w = ws + hq * (HD + 2);
+#pragma unroll
+      for (int c = 0; c < VC; ++c)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          w[c * 64 + g * 8 + 2 * x] = acc[4 * c + x][nt][j];
+          w[c * 64 + g * 8 + 2 * x + 1] = acc[4 * c + x][nt][2 + j];
+        }
+      if (g == 0) w[HD] = m_run[nt][j], w[HD + 1] = l;
+    }
+}
+
+// One CTA per (sequence, query head): its KV head's units, weighted by 2^(m_unit - max).
+template <int HD>
+__global__ void __launch_bounds__(HD) paged_decode_merge(const PagedDecodeParams p) {
+  const int seq = blockIdx.x / p.n_heads, hq = blockIdx.x % p.n_heads, G = p.n_heads / p.n_kv_heads;
+  const PagedDecodeHead head = p.heads[size_t(seq) * p.n_kv_heads + hq / G];
+  const int g = hq % G, d = threadIdx.x;
+  auto at = [&](int u) { return p.workspace + (size_t(u) * G + g) * (HD + 2); };
+  float M = -INFINITY;
+  for (int u = head.unit_begin; u < head.unit_end; ++u) M = fmaxf(M, at(u)[HD]);
+  float o = 0.f, l = 0.f;
+  for (int u = head.unit_begin; u < head.unit_end; ++u) {
+    const float* w = at(u);
+    const float c = exp2f(w[HD] - M);
+    o += w[d] * c;
+    l += w[HD + 1] * c;
+  }
+  // No units (a caller's empty head) or a unit past n_units_dev: 0/0 = NaN, never a stale number.
+  static_cast<__nv_bfloat16*>(p.out)[(size_t(seq) * p.n_heads + hq) * HD + d] = __float2bfloat16(o / l);
+}
+
+void bad(const std::string& what) { throw std::invalid_argument("paged_decode_attention: " + what); }
+
+template <int HD, int NT>
+void launch(const PagedDecodeParams& p, cudaStream_t stream) {
+  const int units = p.n_units_dev ? p.max_units : p.n_units;
+  const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(HD));
+  if (units > 0) {
+    paged_decode_partial<HD, NT><<<(units + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, scale_log2);
+    ELASTIC_CUDA_CHECK(cudaGetLastError());
+  }
+  paged_decode_merge<HD><<<p.n_seqs * p.n_heads, HD, 0, stream>>>(p);
+  ELASTIC_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+int64_t paged_decode_workspace_floats(int max_units, int group, int head_dim) {
+  return int64_t(max_units) * group * (head_dim + 2);
+}
+
+void paged_decode_attention(const PagedDecodeParams& p, cudaStream_t stream) {
+  if (!p.q || !p.out || !p.k_pool || !p.v_pool || !p.page_table || !p.heads || !p.units || !p.workspace)
+    bad("null q, out, pool, plan or workspace pointer");
+  if (p.n_seqs <= 0) bad("n_seqs must be > 0 (got " + std::to_string(p.n_seqs) + ")");
+  if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads)
+    bad("n_heads must be a positive multiple of n_kv_heads");
+  const int G = p.n_heads / p.n_kv_heads;
+  if (G > kMaxGroup) bad("query heads per KV head must be <= 16 (got " + std::to_string(G) + ")");
+  if (p.page_size < kPagedTile || p.page_size % kPagedTile)
+    bad("page_size must be a positive multiple of 16 (got " + std::to_string(p.page_size) + ")");
+  if (p.n_units_dev ? p.max_units <= 0 : p.n_units < 0)
+    bad("n_units must be >= 0, or max_units > 0 with n_units_dev");
+  const bool two = G > 8;
+  if (p.head_dim == 64)
+    two ? launch<64, 2>(p, stream) : launch<64, 1>(p, stream);
+  else if (p.head_dim == 128)
+    two ? launch<128, 2>(p, stream) : launch<128, 1>(p, stream);
+  else
+    bad("head_dim must be 64 or 128 (got " + std::to_string(p.head_dim) + ")");
+}
+
+}  // namespace elastic::cuda
