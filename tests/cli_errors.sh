@@ -68,6 +68,8 @@ expect_fail "exceeds the model's 128-token context" $BIN eval -m $FX/qwen3_tiny 
 # The GPU backend refuses shapes its kernels do not run, and says when there is no device (CI has none).
 expect_cuda_fail "head_dim 32 is not supported" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --device cuda
 expect_cuda_fail "head_dim 32 is not supported" $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/l.npy --device cuda
+expect_cuda_fail "head_dim 32 is not supported" $BIN probe -m $FX/qwen3_tiny -c 96 --depths 1 -o $TMP/h.json --device cuda
+expect_fail "--device" $BIN probe -m $FX/qwen3_tiny -c 96 --device tpu
 expect_fail "--device" $BIN bench --device tpu
 $BIN bench -c 128,256 --modes full,ssa -r 1 --plot $TMP/bench >/dev/null 2>&1 && [ -s $TMP/bench_prefill.svg ] &&
   [ "$(grep -c 'class="series"' $TMP/bench_attention.svg)" -eq 2 ] && [ ! -e $TMP/bench_decode.svg ] ||

@@ -8,13 +8,16 @@
 #include "elastic/heatmap_svg.h"
 #include "elastic/probe.h"
 #include "elastic/tokenizer.h"
+#ifdef ELASTIC_HAVE_CUDA
+#include "elastic/gpu_model.h"
+#endif
 
 namespace fs = std::filesystem;
 
 namespace elastic::cli {
 
 void add_probe_command(CLI::App& app, Commands& cmds) {
-  struct Opts { std::string model, hay, out = "heads.json", svg, tok; ProbeOptions po; int threads = 0; };
+  struct Opts { std::string model, hay, out = "heads.json", svg, tok, device = "cpu"; ProbeOptions po; int threads = 0; };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("probe", "Measure retrieval scores per (layer, KV head) with needle-in-a-haystack prompts");
   add_model_option(sub, o->model);
@@ -28,6 +31,8 @@ void add_probe_command(CLI::App& app, Commands& cmds) {
   add_threads_option(sub, o->threads);
   sub->add_option("-o,--output", o->out, "Scores JSON");
   sub->add_option("--svg", o->svg, "Heat map SVG (default: output with .svg)");
+  // cuda: the same prompts and scoring; each prompt's last-row attention comes from the bf16 GPU backend.
+  sub->add_option("--device", o->device, "cpu, or cuda (bf16 GPU backend)")->check(CLI::IsMember({"cpu", "cuda"}));
   cmds.push_back({sub, [o] {
     resolve_model(o->model, "probe");
     set_threads(o->threads);
@@ -38,12 +43,27 @@ void add_probe_command(CLI::App& app, Commands& cmds) {
       std::fprintf(stderr, "probe: no tokenizer.json in %s: using random token ids for haystack and needle\n",
                    o->model.c_str());
     auto t0 = std::chrono::steady_clock::now();
-    HeadScores hs = probe_retrieval_heads(m, t.get(), o->po, [&](int done, int total) {
+    auto progress = [&](int done, int total) {
       double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       double rate = done / std::max(el, 1e-9);
       std::fprintf(stderr, "\rprobe %d/%d prompts | %.2f prompts/s | eta %.0fs   ", done, total, rate,
                    (total - done) / std::max(rate, 1e-9));
-    });
+    };
+    HeadScores hs;
+    if (o->device == "cuda") {
+#ifdef ELASTIC_HAVE_CUDA
+      cuda::GpuOptions go;
+      go.max_ctx = o->po.context;
+      auto g = cuda::GpuModel::upload(m, go);
+      std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
+      hs = probe_retrieval_heads(m.config, t.get(), o->po,
+                                 [&](const std::vector<int32_t>& ids) { return g->last_row_attention(ids); }, progress);
+#else
+      no_cuda_backend("probe");
+#endif
+    } else {
+      hs = probe_retrieval_heads(m, t.get(), o->po, progress);
+    }
     std::fprintf(stderr, "\n");
     save_head_scores(hs, o->out);
     std::string svg = o->svg.empty() ? fs::path(o->out).replace_extension(".svg").string() : o->svg;

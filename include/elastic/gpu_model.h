@@ -58,6 +58,11 @@ class GpuModel {
                std::vector<float>* logits, bool all_logits, GpuPrefillStats* stats = nullptr);
   // Appends one token at position length(); writes its logits ([V]) when asked; returns the greedy next token.
   int32_t decode(int32_t id, std::vector<float>* logits = nullptr);
+  // Probing (`elastic probe --device cuda`): runs ids as a new all-full sequence (a prefill of all but the last id,
+  // then a decode step of the last one, uncaptured) and returns per layer the [Hq * T] fp32 attention weights of the
+  // last position's query heads over every position: what Model::forward's last_row_probs gives on the CPU.
+  // Needs 2 <= T <= max_ctx.
+  std::vector<std::vector<float>> last_row_attention(const std::vector<int32_t>& ids);
   int length() const;
   int max_ctx() const;  // positions a sequence may hold (GpuOptions::max_ctx)
   const RoutingTable& routing() const;  // the current sequence's routing

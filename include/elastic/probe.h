@@ -29,9 +29,20 @@ struct HeadScores {
   double at(int layer, int kv_head) const { return score[static_cast<size_t>(layer) * n_kv_heads + kv_head]; }
 };
 
+// What a backend gives the probe for one prompt ids[0, T): per layer, [Hq * T] attention weights of the last
+// position's query heads over every position, under all-full routing (dense attention is what is measured).
+using LastRowAttention = std::function<std::vector<std::vector<float>>(const std::vector<int32_t>& ids)>;
+
+// The CPU model's: Model::forward over the prompt. The model must be routed all-full; otherwise this throws.
+LastRowAttention cpu_last_row_attention(const Model& m);
+
 // Throws std::runtime_error on bad options. tok == nullptr: haystack, needle (8 ids) and question (8 ids) are random
-// token ids in [0, vocab) drawn from the seed. The model must be routed all-full (probing measures dense attention);
-// otherwise this throws.
+// token ids in [0, vocab) drawn from the seed. The prompts and the scoring are the same on every backend; only
+// `attention` (cpu_last_row_attention, or the GPU model's last_row_attention) differs.
+HeadScores probe_retrieval_heads(const ModelConfig& c, const Tokenizer* tok, const ProbeOptions& o,
+                                 const LastRowAttention& attention,
+                                 const std::function<void(int done, int total)>& progress = {});
+// The CPU model: probe_retrieval_heads(m.config, ..., cpu_last_row_attention(m), ...).
 HeadScores probe_retrieval_heads(const Model& m, const Tokenizer* tok, const ProbeOptions& o,
                                  const std::function<void(int done, int total)>& progress = {});
 

@@ -317,6 +317,15 @@ void GpuModel::Impl::decode_body() {
     dp.n_heads = Hq, dp.n_kv_heads = Hkv, dp.head_dim = hd, dp.block = routing.sparse.block;
     dp.workspace = d_ws.as<float>();
     decode_attention(dp, st);
+    if (probe_out) {  // eager (decode() runs a probing step uncaptured): h_io holds this step's n_pos
+      const int n_pos = h_io[3];
+      last_row_probs_bf16(d_q.as<uint16_t>(), k_ptrs.as<uint16_t*>() + off, Hq, Hkv, hd, n_pos,
+                          probe_probs.as<float>(), st);
+      std::vector<float>& dst = (*probe_out)[l];
+      dst.resize(size_t(Hq) * n_pos);
+      ELASTIC_CUDA_CHECK(cudaMemcpyAsync(dst.data(), probe_probs.ptr, dst.size() * sizeof(float),
+                                         cudaMemcpyDeviceToHost, st));
+    }
     gemm->bf16(d_attn.as<uint16_t>(), W.wo.as<uint16_t>(), x, 1, D, Hq * hd, st, nullptr, 1.f);
     rmsnorm_bf16_stream(x, W.mlp_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
     gemm->bf16(d_xn.as<uint16_t>(), W.w_gu.as<uint16_t>(), d_gu.as<uint16_t>(), 1, 2 * F, D, st);
@@ -344,7 +353,9 @@ int32_t GpuModel::decode(int32_t id, std::vector<float>* logits_out) {
   }
   m.h_io = {id, 0, m.length, m.length + 1};
   ELASTIC_CUDA_CHECK(cudaMemcpyAsync(m.d_io.ptr, m.h_io.data(), 16, cudaMemcpyHostToDevice, st));
-  if (m.graph) {
+  if (m.probe_out) {
+    m.decode_body();
+  } else if (m.graph) {
     ELASTIC_CUDA_CHECK(cudaGraphLaunch(m.graph, st));
   } else if (m.o.graphs && m.eager_steps > 0) {
     // Captured after one eager step, so cuBLASLt has picked its algorithms (no host work while capturing).
@@ -374,6 +385,27 @@ int32_t GpuModel::decode(int32_t id, std::vector<float>* logits_out) {
   ELASTIC_CUDA_CHECK(cudaStreamSynchronize(st));
   ++m.length;
   return m.h_io[1];
+}
+
+std::vector<std::vector<float>> GpuModel::last_row_attention(const std::vector<int32_t>& ids) {
+  Impl& m = *impl_;
+  const int T = static_cast<int>(ids.size());
+  if (T < 2 || T > m.o.max_ctx)
+    throw std::invalid_argument("gpu last_row_attention: needs 2 to " + std::to_string(m.o.max_ctx) +
+                                " ids (got " + std::to_string(T) + ")");
+  prefill(ids.data(), T - 1, nullptr, nullptr, nullptr, false);  // no routing, no router: every head full
+  const size_t need = size_t(m.c.n_heads) * T * sizeof(float);
+  if (m.probe_probs.bytes < need) m.probe_probs.alloc(need);
+  std::vector<std::vector<float>> probs(m.c.n_layers);
+  m.probe_out = &probs;
+  try {
+    decode(ids[T - 1]);
+  } catch (...) {
+    m.probe_out = nullptr;
+    throw;
+  }
+  m.probe_out = nullptr;
+  return probs;
 }
 
 }  // namespace elastic::cuda

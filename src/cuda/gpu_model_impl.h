@@ -76,6 +76,11 @@ struct GpuModel::Impl {
   // 8K sequence and size the split for 128K; the captured graph is replaced when the sequence outgrows it.
   int decode_grid_pos = 0;
 
+  // Probing step (last_row_attention): per layer, the step's attention weights go to probe_probs ([Hq, n_pos]
+  // fp32) and from there to (*probe_out)[l]. Set only around one eager decode step; never captured.
+  std::vector<std::vector<float>>* probe_out = nullptr;
+  DeviceBuffer probe_probs;
+
   ~Impl();
   void init_common();                       // plan, work buffers, stream, gemm (after weights are set)
   const uint16_t* head_weight() const { return (lm_head.ptr ? lm_head : embed).as<const uint16_t>(); }

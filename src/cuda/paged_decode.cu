@@ -152,24 +152,60 @@ __global__ void __launch_bounds__(kThreads) paged_decode_partial(const PagedDeco
     }
 }
 
-// One CTA per (sequence, query head): its KV head's units, weighted by 2^(m_unit - max).
+// One CTA per (sequence, query head) merges its KV head's units, each weighted by 2^(m_unit - max). The units are
+// spread over the CTA's warps (warp w folds units w, w + kMergeWarps, ... with an online rescale, each lane holding
+// HD / 32 dims), so a head's loads are in flight together: a full head at 128K has hundreds of units, and one loop
+// over them (the first form) cost most of a batch-1 step. The warps' partials are combined in shared memory.
+constexpr int kMergeWarps = 8;
+
 template <int HD>
-__global__ void __launch_bounds__(HD) paged_decode_merge(const PagedDecodeParams p) {
+__global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge(const PagedDecodeParams p) {
+  constexpr int PL = HD / 32;  // dims per lane, as PL / 2 float2 loads (a unit's row of HD + 2 floats is 8-byte aligned)
+  __shared__ float s_o[kMergeWarps][HD], s_m[kMergeWarps], s_l[kMergeWarps];
   const int seq = blockIdx.x / p.n_heads, hq = blockIdx.x % p.n_heads, G = p.n_heads / p.n_kv_heads;
   const PagedDecodeHead head = p.heads[size_t(seq) * p.n_kv_heads + hq / G];
-  const int g = hq % G, d = threadIdx.x;
-  auto at = [&](int u) { return p.workspace + (size_t(u) * G + g) * (HD + 2); };
-  float M = -INFINITY;
-  for (int u = head.unit_begin; u < head.unit_end; ++u) M = fmaxf(M, at(u)[HD]);
-  float o = 0.f, l = 0.f;
-  for (int u = head.unit_begin; u < head.unit_end; ++u) {
-    const float* w = at(u);
-    const float c = exp2f(w[HD] - M);
-    o += w[d] * c;
-    l += w[HD + 1] * c;
+  const int g = hq % G, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // A head whose units the partial kernel did not all run (a plan cut short by n_units_dev) merges none of them:
+  // NaN, never a silently truncated sum.
+  const int unit_end = head.unit_end <= (p.n_units_dev ? *p.n_units_dev : p.n_units) ? head.unit_end : head.unit_begin;
+  float m = -INFINITY, l = 0.f, o[PL];
+#pragma unroll
+  for (int i = 0; i < PL; ++i) o[i] = 0.f;
+#pragma unroll 4
+  for (int u = head.unit_begin + warp; u < unit_end; u += kMergeWarps) {
+    const float* w = p.workspace + (size_t(u) * G + g) * (HD + 2);
+    float x[PL];
+#pragma unroll
+    for (int i = 0; i < PL / 2; ++i) {
+      const float2 v = *reinterpret_cast<const float2*>(w + lane * PL + 2 * i);
+      x[2 * i] = v.x, x[2 * i + 1] = v.y;
+    }
+    const float mu = w[HD], lu = w[HD + 1];
+    const float mn = fmaxf(m, mu);  // finite: a unit's first key is always valid
+    const float a = exp2f(m - mn), b = exp2f(mu - mn);
+    l = l * a + lu * b;
+#pragma unroll
+    for (int i = 0; i < PL; ++i) o[i] = o[i] * a + x[i] * b;
+    m = mn;
   }
-  // No units (a caller's empty head) or a unit past n_units_dev: 0/0 = NaN, never a stale number.
-  static_cast<__nv_bfloat16*>(p.out)[(size_t(seq) * p.n_heads + hq) * HD + d] = __float2bfloat16(o / l);
+#pragma unroll
+  for (int i = 0; i < PL; ++i) s_o[warp][lane * PL + i] = o[i];
+  if (lane == 0) s_m[warp] = m, s_l[warp] = l;
+  __syncthreads();
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) M = fmaxf(M, s_m[w]);
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float acc = 0.f, L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kMergeWarps; ++w) {
+      const float c = s_m[w] == -INFINITY ? 0.f : exp2f(s_m[w] - M);  // a warp without units adds nothing
+      acc += s_o[w][d] * c;
+      L += s_l[w] * c;
+    }
+    // No units merged: 0/0 = NaN.
+    static_cast<__nv_bfloat16*>(p.out)[(size_t(seq) * p.n_heads + hq) * HD + d] = __float2bfloat16(acc / L);
+  }
 }
 
 void bad(const std::string& what) { throw std::invalid_argument("paged_decode_attention: " + what); }
@@ -182,7 +218,7 @@ void launch(const PagedDecodeParams& p, cudaStream_t stream) {
     paged_decode_partial<HD, NT><<<(units + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, scale_log2);
     ELASTIC_CUDA_CHECK(cudaGetLastError());
   }
-  paged_decode_merge<HD><<<p.n_seqs * p.n_heads, HD, 0, stream>>>(p);
+  paged_decode_merge<HD><<<p.n_seqs * p.n_heads, kMergeWarps * 32, 0, stream>>>(p);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 

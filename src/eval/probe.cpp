@@ -31,9 +31,32 @@ double depth_of(int i, int n_depths) { return n_depths == 1 ? 0.5 : static_cast<
 
 }  // namespace
 
+LastRowAttention cpu_last_row_attention(const Model& m) {
+  const ModelConfig& c = m.config;
+  if (static_cast<int>(m.routing.mode.size()) != c.n_layers * c.n_kv_heads)
+    throw std::runtime_error("probe: model routing table has the wrong size");
+  for (HeadMode md : m.routing.mode)
+    if (md != HeadMode::Full)
+      throw std::runtime_error("probe: the model must be routed all-full while probing (dense attention is measured)");
+  return [&m](const std::vector<int32_t>& ids) {
+    const int T = static_cast<int>(ids.size());
+    KVCache cache;
+    cache.init(m.config, T);
+    std::vector<float> logits;
+    std::vector<std::vector<float>> probs;
+    m.forward(ids.data(), T, cache, logits, false, nullptr, &probs);
+    return probs;
+  };
+}
+
 HeadScores probe_retrieval_heads(const Model& m, const Tokenizer* tok, const ProbeOptions& o,
                                  const std::function<void(int done, int total)>& progress) {
-  const ModelConfig& c = m.config;
+  return probe_retrieval_heads(m.config, tok, o, cpu_last_row_attention(m), progress);
+}
+
+HeadScores probe_retrieval_heads(const ModelConfig& c, const Tokenizer* tok, const ProbeOptions& o,
+                                 const LastRowAttention& attention,
+                                 const std::function<void(int done, int total)>& progress) {
   const int L = c.n_layers, Hq = c.n_heads, Hkv = c.n_kv_heads, V = c.vocab;
   if (L <= 0 || Hkv <= 0 || Hq % Hkv != 0) throw std::runtime_error("probe: invalid model head configuration");
   if (o.n_depths < 1) throw std::runtime_error("probe: n_depths must be >= 1 (got " + std::to_string(o.n_depths) + ")");
@@ -43,10 +66,6 @@ HeadScores probe_retrieval_heads(const Model& m, const Tokenizer* tok, const Pro
   if (c.max_positions > 0 && o.context > c.max_positions)
     throw std::runtime_error("probe: context " + std::to_string(o.context) + " exceeds the model's max_positions " +
                              std::to_string(c.max_positions));
-  if (static_cast<int>(m.routing.mode.size()) != L * Hkv) throw std::runtime_error("probe: model routing table has the wrong size");
-  for (HeadMode md : m.routing.mode)
-    if (md != HeadMode::Full)
-      throw std::runtime_error("probe: the model must be routed all-full while probing (dense attention is measured)");
   if (tok && !o.haystack_file.empty()) {
     std::ifstream f(o.haystack_file);
     if (!f) throw std::runtime_error(o.haystack_file + ": cannot open haystack file");
@@ -70,9 +89,6 @@ HeadScores probe_retrieval_heads(const Model& m, const Tokenizer* tok, const Pro
     for (auto& q : question) q = static_cast<int32_t>(rng.below(V));
   }
 
-  KVCache cache;
-  std::vector<float> logits;
-  std::vector<std::vector<float>> probs;
   int done = 0;
   for (int di = 0; di < o.n_depths; ++di) {
     for (int ni = 0; ni < o.n_needles_per_depth; ++ni) {
@@ -108,8 +124,7 @@ HeadScores probe_retrieval_heads(const Model& m, const Tokenizer* tok, const Pro
       ids.insert(ids.end(), question.begin(), question.end());
       const int T = static_cast<int>(ids.size());
 
-      cache.init(c, T);
-      m.forward(ids.data(), T, cache, logits, false, nullptr, &probs);
+      const std::vector<std::vector<float>> probs = attention(ids);
       if (static_cast<int>(probs.size()) != L) throw std::runtime_error("probe: model returned no attention probabilities");
       const int n0 = pos, n1 = pos + static_cast<int>(needle.size());
       for (int l = 0; l < L; ++l) {

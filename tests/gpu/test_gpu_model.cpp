@@ -17,6 +17,7 @@
 #include "elastic/json_file.h"
 #include "elastic/model_shapes.h"
 #include "elastic/npy.h"
+#include "elastic/probe.h"
 #include "elastic/router.h"
 #include "gpu_test_models.h"
 #include "gpu_test_util.h"
@@ -219,6 +220,69 @@ TEST_P(GpuModelTest, RouterDecidesLikeCpu) {
   }
   // Router margins near zero can flip between bf16 and fp32 keys.
   EXPECT_GE(agree, total * 9 / 10) << agree << " of " << total << " head decisions agree";
+}
+
+// probe --device cuda: the last position's attention weights from the GPU (prefill + one uncaptured decode step)
+// against the CPU forward's, and the probe's retrieval scores from both. Weights sum to one per head, so an absolute
+// tolerance on each weight and on each score (a sum of weights) is the natural one; bf16 keys and queries move a
+// weight by well under 1e-2 of the head's total.
+TEST_P(GpuModelTest, LastRowAttentionMatchesCpuProbe) {
+  SKIP_WITHOUT_GPU();
+  TRACED_SEED(seed);
+  Model m = make_model(GetParam(), seed);
+  std::mt19937_64 rng(seed);
+  cuda::GpuOptions o;
+  o.max_ctx = 700;
+  o.chunk = 256;
+  auto g = cuda::GpuModel::upload(m, o);
+  const int Hq = m.config.n_heads;
+  for (int T : {2, 300, 700}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    const auto ids = random_ids(T, m.config.vocab, rng);
+    const auto got = g->last_row_attention(ids);
+    const auto ref = cpu_last_row_attention(m)(ids);
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t l = 0; l < ref.size(); ++l) {
+      ASSERT_EQ(got[l].size(), size_t(Hq) * T) << "layer " << l;
+      ASSERT_EQ(ref[l].size(), got[l].size()) << "layer " << l;
+      double md = 0;
+      for (int h = 0; h < Hq; ++h) {
+        double sum = 0;
+        for (int t = 0; t < T; ++t) {
+          const float x = got[l][size_t(h) * T + t];
+          ASSERT_TRUE(std::isfinite(x)) << "layer " << l << " head " << h << " t " << t;
+          sum += x;
+          md = std::max(md, double(std::abs(x - ref[l][size_t(h) * T + t])));
+        }
+        EXPECT_NEAR(sum, 1.0, 1e-4) << "layer " << l << " head " << h;
+      }
+      EXPECT_LT(md, 1e-2) << "layer " << l;
+    }
+  }
+  // The whole probe on both backends (random-id prompts, 3 depths x 2 needles at 160 tokens).
+  ProbeOptions po;
+  po.context = 160;
+  po.n_depths = 3;
+  po.n_needles_per_depth = 2;
+  po.seed = seed;
+  const HeadScores cpu = probe_retrieval_heads(m, nullptr, po);
+  const HeadScores gpu = probe_retrieval_heads(
+      m.config, nullptr, po, [&](const std::vector<int32_t>& ids) { return g->last_row_attention(ids); });
+  ASSERT_EQ(gpu.score.size(), cpu.score.size());
+  EXPECT_EQ(gpu.prompts, cpu.prompts);
+  for (size_t i = 0; i < cpu.score.size(); ++i) EXPECT_NEAR(gpu.score[i], cpu.score[i], 1e-2) << "head " << i;
+  // The GPU model decodes normally afterwards (the probing step left no capture state behind).
+  const auto ids = random_ids(50, m.config.vocab, rng);
+  std::vector<float> got, ref;
+  g->prefill(ids.data(), 50, nullptr, nullptr, nullptr, false);
+  g->decode(3, &got);
+  g->decode(4, &got);
+  KVCache c;
+  cpu_prefill(m, ids, RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads), 256, c, 700);
+  const int32_t next[2] = {3, 4};
+  m.forward(next, 1, c, ref, false);
+  m.forward(next + 1, 1, c, ref, false);
+  EXPECT_LT(rel_err(got, ref), kTol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, GpuModelTest, ::testing::Values(false, true),
