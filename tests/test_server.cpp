@@ -779,14 +779,24 @@ struct RawConn {
     return out;
   }
   // One response with a Content-Length body (what the server sends for errors and whole answers).
-  std::string read_response(int timeout_ms) const {
-    std::string out;
+  // One response: bytes past its Content-Length (a pipelined second response that arrived in the same read) stay
+  // in `pending` for the next call.
+  std::string read_response(int timeout_ms) {
+    std::string out = std::move(pending);
+    pending.clear();
     const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (std::chrono::steady_clock::now() < end) {
       const size_t h = out.find("\r\n\r\n");
       if (h != std::string::npos) {
         const size_t cl = out.find("Content-Length: ");
-        if (cl != std::string::npos && cl < h && out.size() >= h + 4 + std::stoul(out.substr(cl + 16))) break;
+        if (cl != std::string::npos && cl < h) {
+          const size_t whole = h + 4 + std::stoul(out.substr(cl + 16));
+          if (out.size() >= whole) {
+            pending = out.substr(whole);
+            out.resize(whole);
+            break;
+          }
+        }
       }
       if (!readable(10)) continue;
       char buf[65536];
@@ -796,6 +806,7 @@ struct RawConn {
     }
     return out;
   }
+  std::string pending;
 };
 
 int status_of(const std::string& response) {
