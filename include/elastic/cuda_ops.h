@@ -68,12 +68,6 @@ void append_to_head_caches(const uint16_t* k_new, const uint16_t* v_new, const i
                            int head_dim, uint16_t* const* k_dst, uint16_t* const* v_dst, const int32_t* sink_slots,
                            const int32_t* ring_slots, cudaStream_t stream);
 
-// Probing: out [n_heads, n_pos] fp32 = softmax over t < n_pos of q_h . k_t / sqrt(head_dim), where q is one
-// decode step's queries ([n_heads, head_dim] bf16) and k_t row t of KV head (h / group)'s cache, k_ptrs: [n_kv_heads]
-// device array of caches that hold one slot per position (full heads).
-void last_row_probs_bf16(const uint16_t* q, uint16_t* const* k_ptrs, int n_heads, int n_kv_heads, int head_dim,
-                         int n_pos, float* out, cudaStream_t stream);
-
 // out[r] = argmax over logits[r, 0:V] (fp32), lowest index on ties. rows x V.
 void argmax_rows_f32(const float* logits, int rows, int V, int32_t* out, cudaStream_t stream);
 

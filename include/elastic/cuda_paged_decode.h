@@ -31,6 +31,35 @@ struct PagedDecodeParams {
 };
 
 int64_t paged_decode_workspace_floats(int max_units, int group, int head_dim);
+
+// The device planner of a decode step for one sequence, all layers in one launch (what the GPU model's CUDA graph
+// runs each step, since kept grows every step): heads [n_layers * n_kv_heads] arrive with page_offset and kept set;
+// per layer l it cuts units exactly as plan_paged_decode does, with paged_keys_per_unit(the layer's kept keys,
+// target_units), writes each head's unit_begin / unit_end, the units at units + l * max_units (unit.head indexes
+// the layer's slice) and their count at n_units[l]. A layer that would need more than max_units gets none (its
+// outputs are then NaN). paged_max_units gives a max_units that is never exceeded.
+void paged_decode_plan_device(PagedDecodeHead* heads, PagedDecodeUnit* units, int32_t* n_units, int n_layers,
+                              int n_kv_heads, int max_units, int target_units, cudaStream_t stream);
+// Most units a layer whose heads keep at most total_keys positions in all can need (paged_keys_per_unit's cut).
+int paged_max_units(int64_t total_keys, int n_kv_heads, int target_units);
+// Warps the partial kernel keeps resident on the current device: the target_units of paged_keys_per_unit.
+int paged_target_units();
+
+// Writes one position's keys and values ([n_kv_heads, head_dim] bf16 each) at pool rows rows[h] (device int64,
+// row = page * page_size + offset, from SequencePages::row).
+void paged_append(const void* k_new, const void* v_new, const int64_t* rows, void* k_pool, void* v_pool,
+                  int n_kv_heads, int head_dim, cudaStream_t stream);
+// Prefill: copies rows t < T of a layer's dense K or V ([T, n_kv_heads, head_dim] bf16) into the pool, position t
+// of KV head h to page page_map[h * map_stride + t / page_size] (row offset t % page_size), skipping positions whose
+// page is -1 (a streaming head's positions that left its window).
+void paged_scatter(const void* src, int T, int n_kv_heads, int head_dim, const int32_t* page_map, int map_stride,
+                   int page_size, void* pool, cudaStream_t stream);
+// Probing: out [n_heads, n_pos] fp32 = softmax over t < n_pos of q_h . k_t / sqrt(head_dim) for one decode step's
+// queries q ([n_heads, head_dim] bf16), k_t row t of KV head (h / group)'s page list (heads[kvh].page_offset into
+// page_table; heads keeping every position, in position order, as full heads do).
+void last_row_probs_paged(const void* q, const void* k_pool, const int32_t* page_table, const PagedDecodeHead* heads,
+                          int n_heads, int n_kv_heads, int head_dim, int page_size, int n_pos, float* out,
+                          cudaStream_t stream);
 // Throws std::invalid_argument naming the field for shapes it does not run: head_dim 64 or 128, group <= 16,
 // page_size a multiple of 16.
 void paged_decode_attention(const PagedDecodeParams& p, cudaStream_t stream);

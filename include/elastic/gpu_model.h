@@ -5,9 +5,11 @@
 //
 // Prefill is layer-major: the whole prompt's residual stream stays on the device and one chunk's activations at a
 // time, so a router decides layer l from the prompt's boundary keys before any of layer l's attention runs. After
-// a layer, each KV head's keys and values move into that head's own cache: every position for full and XAttention
-// heads, sink + a ring of the window for streaming heads, so cache memory falls with sparsity. Decode steps
-// replay one CUDA graph (the position lives in device memory).
+// a layer, each KV head's keys and values move into pages of one pool (kv_pages.h): every position for full and
+// XAttention heads, the sink and window blocks for streaming heads, so the pages a sequence holds fall with sparsity.
+// Decode steps replay one CUDA graph: the host writes the step's position, each head's kept count and the pool row
+// of its new key into device memory, a device planner cuts the paged decode kernel's units, and
+// paged_decode_attention reads K/V through the page lists (cuda_paged_decode.h).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,8 +28,8 @@ struct GpuOptions {
   int device = 0;
 };
 
-// The one device allocation plan, in bytes (printed at start). kv_full is the all-full worst case; a routed
-// prompt allocates only what its heads keep (GpuPrefillStats::kv_bytes).
+// The one device allocation plan, in bytes (printed at start). kv_full is the page pool, sized for every head full
+// at max_ctx; a routed prompt holds only the pages its heads keep (GpuPrefillStats::kv_bytes).
 struct GpuPlan {
   size_t weights = 0, kv_full = 0, prefill_kv = 0, activations = 0, xattn = 0, workspace = 0;
   size_t total() const { return weights + kv_full + prefill_kv + activations + xattn + workspace; }
@@ -37,7 +39,7 @@ struct GpuPlan {
 struct GpuPrefillStats {
   double total_ms = 0;      // host wall time of the prefill, synchronized
   double attention_ms = 0;  // attention kernels (XAttention estimation included), from CUDA events
-  size_t kv_bytes = 0;      // this sequence's per-head caches
+  size_t kv_bytes = 0;      // the pages this sequence holds (K and V)
 };
 
 class GpuModel {

@@ -32,10 +32,24 @@ struct PagedDecodePlan {
   std::vector<PagedDecodeUnit> units;
 };
 
+#if defined(__CUDACC__)
+#define ELASTIC_HOST_DEVICE __host__ __device__
+#else
+#define ELASTIC_HOST_DEVICE
+#endif
+
 // Keys per unit for a step that attends `total_keys` keys in all: enough units for `target_units` warps (the
 // device's resident warps), at least 64 keys (a unit's partial costs about as much to merge as 64 keys to read) and
-// at most 4096; a multiple of 64.
-int paged_keys_per_unit(int64_t total_keys, int target_units);
+// at most 4096; a multiple of 64. The host plan and the device planner (cuda_paged_decode.h) both use it, so a
+// plan made on either side cuts the same units.
+ELASTIC_HOST_DEVICE inline int paged_keys_per_unit(int64_t total_keys, int target_units) {
+  const int64_t t = target_units > 1 ? target_units : 1;
+  const int64_t want = ((total_keys + t - 1) / t + 63) / 64 * 64;
+  return static_cast<int>(want < 64 ? 64 : want > 4096 ? 4096 : want);
+}
+
+// A unit's keys past its head's `kept` are not read: a unit list cut for a larger capacity serves every step whose
+// heads keep fewer positions (a unit left with no keys contributes nothing to the merge).
 
 // heads: [n_seqs * n_kv_heads] (sequence-major) page lists of one layer, each with kept >= 1. keys_per_unit: a
 // positive multiple of kPagedTile. Throws std::invalid_argument otherwise.

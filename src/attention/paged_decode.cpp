@@ -11,11 +11,6 @@ namespace {
 void bad(const std::string& what) { throw std::invalid_argument("paged decode: " + what); }
 }  // namespace
 
-int paged_keys_per_unit(int64_t total_keys, int target_units) {
-  const int64_t want = (total_keys + std::max(target_units, 1) - 1) / std::max(target_units, 1);
-  return static_cast<int>(std::clamp<int64_t>((want + 63) / 64 * 64, 64, 4096));
-}
-
 PagedDecodePlan plan_paged_decode(const std::vector<const HeadPages*>& heads, int n_kv_heads, int page_size,
                                   int keys_per_unit) {
   if (n_kv_heads <= 0 || heads.empty() || heads.size() % n_kv_heads)

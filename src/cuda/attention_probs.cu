@@ -1,5 +1,6 @@
-// Last-row attention weights for probing (cuda_ops.h: last_row_probs_bf16). Speed is secondary here (a probe runs
-// one such step per prompt), so one CTA per query head walks its KV head's cache with a thread per key, in fp32.
+// Last-row attention weights for probing (cuda_paged_decode.h: last_row_probs_paged). Speed is secondary here (a
+// probe runs one such step per prompt), so one CTA per query head walks its KV head's pages with a thread per key,
+// in fp32.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -8,7 +9,7 @@
 #include <string>
 
 #include "elastic/cuda.h"
-#include "elastic/cuda_ops.h"
+#include "elastic/cuda_paged_decode.h"
 
 namespace elastic::cuda {
 namespace {
@@ -29,20 +30,22 @@ __device__ float block_reduce(float x, bool is_max, float* red) {
   return x;
 }
 
-// grid: n_heads; out[h, t] = softmax_t(q_h . k_t / sqrt(hd)) over t < n_pos of KV head h / group's cache.
-__global__ void __launch_bounds__(kThreads) last_row_probs_kernel(const __nv_bfloat16* q, __nv_bfloat16* const* k_ptrs,
-                                                                  int group, int head_dim, int n_pos, float scale,
+// grid: n_heads; out[h, t] = softmax_t(q_h . k_t / sqrt(hd)) over t < n_pos of KV head h / group's pages.
+__global__ void __launch_bounds__(kThreads) last_row_probs_kernel(const __nv_bfloat16* q, const __nv_bfloat16* k_pool,
+                                                                  const int32_t* page_table,
+                                                                  const PagedDecodeHead* heads, int group,
+                                                                  int head_dim, int page_size, int n_pos, float scale,
                                                                   float* out) {
   extern __shared__ float qs[];  // [head_dim]
   __shared__ float red[kThreads / 32];
   const int h = blockIdx.x;
-  const __nv_bfloat16* k = k_ptrs[h / group];
+  const int32_t* pages = page_table + heads[h / group].page_offset;
   for (int d = threadIdx.x; d < head_dim; d += kThreads) qs[d] = __bfloat162float(q[size_t(h) * head_dim + d]);
   __syncthreads();
   float* o = out + size_t(h) * n_pos;
   float mx = -INFINITY;
   for (int t = threadIdx.x; t < n_pos; t += kThreads) {
-    const __nv_bfloat16* kr = k + size_t(t) * head_dim;
+    const __nv_bfloat16* kr = k_pool + (size_t(pages[t / page_size]) * page_size + t % page_size) * head_dim;
     float s = 0.f;
     for (int d = 0; d < head_dim; ++d) s += qs[d] * __bfloat162float(kr[d]);
     s *= scale;
@@ -62,16 +65,19 @@ __global__ void __launch_bounds__(kThreads) last_row_probs_kernel(const __nv_bfl
 
 }  // namespace
 
-void last_row_probs_bf16(const uint16_t* q, uint16_t* const* k_ptrs, int n_heads, int n_kv_heads, int head_dim,
-                         int n_pos, float* out, cudaStream_t stream) {
+void last_row_probs_paged(const void* q, const void* k_pool, const int32_t* page_table, const PagedDecodeHead* heads,
+                          int n_heads, int n_kv_heads, int head_dim, int page_size, int n_pos, float* out,
+                          cudaStream_t stream) {
   if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads)
     throw std::invalid_argument("last_row_probs: n_heads must be a positive multiple of n_kv_heads");
   if (head_dim <= 0 || head_dim > 1024)
     throw std::invalid_argument("last_row_probs: head_dim must be in [1, 1024] (got " + std::to_string(head_dim) + ")");
-  if (n_pos <= 0) throw std::invalid_argument("last_row_probs: n_pos must be > 0 (got " + std::to_string(n_pos) + ")");
+  if (n_pos <= 0 || page_size <= 0)
+    throw std::invalid_argument("last_row_probs: n_pos and page_size must be > 0 (got " + std::to_string(n_pos) +
+                                ", " + std::to_string(page_size) + ")");
   last_row_probs_kernel<<<n_heads, kThreads, head_dim * sizeof(float), stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(q), reinterpret_cast<__nv_bfloat16* const*>(k_ptrs), n_heads / n_kv_heads,
-      head_dim, n_pos, 1.f / std::sqrt(static_cast<float>(head_dim)), out);
+      static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k_pool), page_table, heads,
+      n_heads / n_kv_heads, head_dim, page_size, n_pos, 1.f / std::sqrt(static_cast<float>(head_dim)), out);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 

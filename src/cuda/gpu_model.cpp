@@ -1,9 +1,10 @@
-// GpuModel's forward passes: layer-major routed prefill into per-head caches, and decode steps replayed through
-// one CUDA graph per sequence.
+// GpuModel's forward passes: layer-major routed prefill into paged per-head KV memory, and decode steps replayed
+// through one CUDA graph per sequence.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -27,53 +28,71 @@ struct EventPair {
 
 }  // namespace
 
-void GpuModel::Impl::allocate_layer_caches(int l, const HeadMode* modes, const SparseSettings& s) {
-  const int Hkv = c.n_kv_heads, hd = c.head_dim;
-  std::vector<void*> kp(Hkv), vp(Hkv);
-  std::vector<int32_t> ss(Hkv), rs(Hkv);
-  std::vector<DecodeKVHead> dh(Hkv);
-  for (int h = 0; h < Hkv; ++h) {
-    HeadCache& hc = caches[size_t(l) * Hkv + h];
-    int slots = o.max_ctx;
-    hc.sink_slots = hc.ring_slots = 0;
-    if (modes[h] == HeadMode::Streaming) {  // same sizing as the CPU hybrid cache (KVCache::allocate_layer)
-      const int sink = (s.sink + s.block - 1) / s.block * s.block;
-      const int ring = std::max(1, (s.local + s.block - 1) / s.block) * s.block;
-      if (sink + ring < o.max_ctx) {
-        hc.sink_slots = sink;
-        hc.ring_slots = ring;
-        slots = sink + ring;
-      }
-    }
-    const size_t bytes = size_t(slots) * hd * 2;
-    if (hc.k.bytes != bytes) {
-      hc.k.alloc(bytes);
-      hc.v.alloc(bytes);
-    }
-    kp[h] = hc.k.ptr;
-    vp[h] = hc.v.ptr;
-    ss[h] = hc.sink_slots;
-    rs[h] = hc.ring_slots;
-    const KVHeadMeta m = meta_for(modes[h], s);
-    dh[h].k = hc.k.as<const uint16_t>();
-    dh[h].v = hc.v.as<const uint16_t>();
-    dh[h].sink_slots = hc.sink_slots;
-    dh[h].ring_slots = hc.ring_slots;
-    dh[h].mode = m.mode;
-    dh[h].sink_blocks = m.sink_blocks;
-    dh[h].local_blocks = m.local_blocks;
+void GpuModel::Impl::store_layer_pages(int l, const HeadMode* modes, const SparseSettings& s, int T) {
+  const int Hkv = c.n_kv_heads, hd = c.head_dim, P = kPageSize;
+  RoutingTable lr = RoutingTable::all_full(1, Hkv);
+  std::copy(modes, modes + Hkv, lr.mode.begin());
+  lr.sparse = s;
+  seq[l] = std::make_unique<SequencePages>(*pages, lr);
+  // A block at a time, returning what leaves a streaming head's window, so the pool never holds more of a head than
+  // its window plus a block; what is left is what the first decode step attends.
+  for (int c0 = 0; c0 < T; c0 += s.block) {
+    seq[l]->grow(std::min(T, c0 + s.block));
+    seq[l]->release_unused();
   }
-  validate_decode_heads(dh.data(), Hkv, s.block);
-  dec_max_kept[l] = decode_max_kept(dh.data(), Hkv, s.block, o.max_ctx);
-  const size_t off = size_t(l) * Hkv;
-  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(k_ptrs.as<void*>() + off, kp.data(), Hkv * sizeof(void*), cudaMemcpyHostToDevice, stream));
-  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(v_ptrs.as<void*>() + off, vp.data(), Hkv * sizeof(void*), cudaMemcpyHostToDevice, stream));
-  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(sink_slots.as<int32_t>() + off, ss.data(), Hkv * 4, cudaMemcpyHostToDevice, stream));
-  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(ring_slots.as<int32_t>() + off, rs.data(), Hkv * 4, cudaMemcpyHostToDevice, stream));
-  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(dec_heads.as<DecodeKVHead>() + off, dh.data(), Hkv * sizeof(DecodeKVHead),
-                                     cudaMemcpyHostToDevice, stream));
-  // The host vectors die here: wait for the copies (pageable sources may be read late).
+  // Position page j of head h -> its pool page (or -1): the pages of a block are consecutive, in position order.
+  const int n_pp = (T + P - 1) / P;
+  std::vector<int32_t> map(size_t(Hkv) * pages_per_head, -1);
+  for (int h = 0; h < Hkv; ++h) {
+    const HeadPages& hp = seq[l]->head(0, h);
+    for (size_t i = 0; i < hp.pages.size(); ++i) {
+      size_t first = i;
+      while (first > 0 && hp.page_block[first - 1] == hp.page_block[i]) --first;
+      const int64_t pp = int64_t(hp.page_block[i]) * (s.block / P) + int64_t(i - first);
+      if (pp < n_pp) map[size_t(h) * pages_per_head + pp] = hp.pages[i];
+    }
+  }
+  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(page_map.ptr, map.data(), map.size() * 4, cudaMemcpyHostToDevice, stream));
+  paged_scatter(kscr.ptr, T, Hkv, hd, page_map.as<int32_t>(), pages_per_head, P, k_pool.ptr, stream);
+  paged_scatter(vscr.ptr, T, Hkv, hd, page_map.as<int32_t>(), pages_per_head, P, v_pool.ptr, stream);
+  // The map dies here and page_map is rewritten by the next layer: wait for the copies and the scatters.
   ELASTIC_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void GpuModel::Impl::upload_tables() {
+  const int Hkv = c.n_kv_heads;
+  h_table.clear();
+  h_offsets.assign(size_t(c.n_layers) * Hkv, 0);
+  for (int l = 0; l < c.n_layers; ++l)
+    for (int h = 0; h < Hkv; ++h) {
+      const HeadPages& hp = seq[l]->head(0, h);
+      h_offsets[size_t(l) * Hkv + h] = static_cast<int32_t>(h_table.size());
+      h_table.insert(h_table.end(), hp.pages.begin(), hp.pages.end());
+    }
+  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(page_table.ptr, h_table.data(), h_table.size() * 4, cudaMemcpyHostToDevice, stream));
+  tables_dirty = false;
+}
+
+void GpuModel::Impl::prepare_step(int32_t id) {
+  const int Hkv = c.n_kv_heads, n = length;
+  // The previous step has finished (decode waits for it), so pages that left a window can be handed out again.
+  for (int l = 0; l < c.n_layers; ++l) {
+    seq[l]->release_unused();
+    seq[l]->grow(n + 1);
+  }
+  if (n % kPageSize == 0) tables_dirty = true;  // a new page per head; a streaming head's window moved a block
+  if (tables_dirty) upload_tables();
+  const int32_t io[4] = {id, 0, n, n + 1};
+  std::memcpy(h_step.data(), io, 16);
+  auto* heads = reinterpret_cast<PagedDecodeHead*>(h_step.data() + 16);
+  auto* rows = reinterpret_cast<int64_t*>(h_step.data() + 16 + size_t(c.n_layers) * Hkv * sizeof(PagedDecodeHead));
+  for (int l = 0; l < c.n_layers; ++l)
+    for (int h = 0; h < Hkv; ++h) {
+      const size_t i = size_t(l) * Hkv + h;
+      heads[i] = PagedDecodeHead{h_offsets[i], seq[l]->head(0, h).kept, 0, 0};
+      rows[i] = seq[l]->row(0, h, n);
+    }
+  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(d_step.ptr, h_step.data(), h_step.size(), cudaMemcpyHostToDevice, stream));
 }
 
 void GpuModel::prefill(const int32_t* ids_h, int T, const RoutingTable* fixed, const PromptRouter* router,
@@ -98,7 +117,9 @@ void GpuModel::prefill(const int32_t* ids_h, int T, const RoutingTable* fixed, c
   const auto t_start = std::chrono::steady_clock::now();
   m.drop_graph();
   m.length = 0;
-  m.decode_grid_pos = 0;
+  m.seq.clear();  // the previous sequence's pages back to the pool
+  m.seq.resize(L);
+  m.tables_dirty = true;
 
   RoutingTable r = fixed ? *fixed : RoutingTable::all_full(L, Hkv);
   if (!fixed && router) r.sparse = router->sparse();
@@ -233,13 +254,8 @@ void GpuModel::prefill(const int32_t* ids_h, int T, const RoutingTable* fixed, c
       swiglu_bf16(m.gu.as<uint16_t>(), m.act.as<uint16_t>(), n, F, st);
       m.gemm->bf16(m.act.as<uint16_t>(), W.w_down.as<uint16_t>(), h_rows, n, D, F, st, nullptr, 1.f);
     }
-    // The layer's keys and values into each head's own cache.
-    m.allocate_layer_caches(l, modes, sp);
-    const size_t off = size_t(l) * Hkv;
-    scatter_to_head_caches(m.kscr.as<uint16_t>(), T, Hkv, hd, m.k_ptrs.as<uint16_t*>() + off,
-                           m.sink_slots.as<int32_t>() + off, m.ring_slots.as<int32_t>() + off, st);
-    scatter_to_head_caches(m.vscr.as<uint16_t>(), T, Hkv, hd, m.v_ptrs.as<uint16_t*>() + off,
-                           m.sink_slots.as<int32_t>() + off, m.ring_slots.as<int32_t>() + off, st);
+    // The layer's keys and values into the pages its routing keeps.
+    m.store_layer_pages(l, modes, sp, T);
   }
 
   // Logits: the last row, or every row in pieces of kLogitRows.
@@ -272,7 +288,7 @@ void GpuModel::prefill(const int32_t* ids_h, int T, const RoutingTable* fixed, c
     stats->total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
     stats->attention_ms = attn_ms;
     stats->kv_bytes = 0;
-    for (const HeadCache& hc : m.caches) stats->kv_bytes += hc.k.bytes + hc.v.bytes;
+    for (const auto& sq : m.seq) stats->kv_bytes += size_t(sq->pages_held()) * Impl::kPageSize * hd * 2 * 2;
   }
 }
 
@@ -280,9 +296,12 @@ void GpuModel::Impl::decode_body() {
   const int D = c.hidden, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim, F = c.intermediate, V = c.vocab;
   const int N = (Hq + 2 * Hkv) * hd;
   cudaStream_t st = stream;
-  int32_t* io = d_io.as<int32_t>();  // [input id, next id, pos, n_pos]
+  int32_t* io = d_io;  // [input id, next id, pos, n_pos]
   uint16_t* x = d_x.as<uint16_t>();
   embed_rows_bf16(embed.as<uint16_t>(), io, x, 1, D, V, st);
+  // Every layer's units for this step's kept counts (prepare_step wrote them).
+  paged_decode_plan_device(dec_heads, dec_units.as<PagedDecodeUnit>(), dec_n_units.as<int32_t>(), c.n_layers, Hkv,
+                           max_units, target_units, st);
   for (int l = 0; l < c.n_layers; ++l) {
     const GpuLayer& W = layers[l];
     const size_t off = size_t(l) * Hkv;
@@ -303,24 +322,24 @@ void GpuModel::Impl::decode_body() {
     qp.v_out = d_v.as<uint16_t>();
     qp.kv_rows_from_zero = true;
     qkv_post(qp, st);
-    append_to_head_caches(d_k.as<uint16_t>(), d_v.as<uint16_t>(), io + 2, Hkv, hd, k_ptrs.as<uint16_t*>() + off,
-                          v_ptrs.as<uint16_t*>() + off, sink_slots.as<int32_t>() + off,
-                          ring_slots.as<int32_t>() + off, st);
-    DecodeParams dp;
-    dp.q = d_q.as<uint16_t>();
-    dp.out = d_attn.as<uint16_t>();
-    dp.heads = dec_heads.as<DecodeKVHead>() + off;
-    dp.n_pos = 1;  // ignored: n_pos comes from the device
-    dp.n_pos_dev = io + 3;
-    dp.max_pos = decode_grid_pos;
-    dp.max_kept = dec_max_kept[l];  // the layer's routing is fixed for the sequence (a new prefill drops the graph)
-    dp.n_heads = Hq, dp.n_kv_heads = Hkv, dp.head_dim = hd, dp.block = routing.sparse.block;
-    dp.workspace = d_ws.as<float>();
-    decode_attention(dp, st);
-    if (probe_out) {  // eager (decode() runs a probing step uncaptured): h_io holds this step's n_pos
-      const int n_pos = h_io[3];
-      last_row_probs_bf16(d_q.as<uint16_t>(), k_ptrs.as<uint16_t*>() + off, Hq, Hkv, hd, n_pos,
-                          probe_probs.as<float>(), st);
+    paged_append(d_k.ptr, d_v.ptr, dec_rows + off, k_pool.ptr, v_pool.ptr, Hkv, hd, st);
+    PagedDecodeParams pp;
+    pp.q = d_q.ptr;
+    pp.out = d_attn.ptr;
+    pp.k_pool = k_pool.ptr;
+    pp.v_pool = v_pool.ptr;
+    pp.page_table = page_table.as<int32_t>();
+    pp.heads = dec_heads + off;
+    pp.units = dec_units.as<PagedDecodeUnit>() + size_t(l) * max_units;
+    pp.n_units_dev = dec_n_units.as<int32_t>() + l;
+    pp.max_units = max_units;
+    pp.workspace = d_ws.as<float>();
+    pp.n_seqs = 1, pp.n_heads = Hq, pp.n_kv_heads = Hkv, pp.head_dim = hd, pp.page_size = kPageSize;
+    paged_decode_attention(pp, st);
+    if (probe_out) {  // eager (decode() runs a probing step uncaptured); every head is full, so n_pos = kept
+      const int n_pos = length + 1;
+      last_row_probs_paged(d_q.ptr, k_pool.ptr, page_table.as<int32_t>(), dec_heads + off, Hq, Hkv, hd, kPageSize,
+                           n_pos, probe_probs.as<float>(), st);
       std::vector<float>& dst = (*probe_out)[l];
       dst.resize(size_t(Hq) * n_pos);
       ELASTIC_CUDA_CHECK(cudaMemcpyAsync(dst.data(), probe_probs.ptr, dst.size() * sizeof(float),
@@ -345,14 +364,7 @@ int32_t GpuModel::decode(int32_t id, std::vector<float>* logits_out) {
     throw std::invalid_argument("gpu decode: the sequence is full (" + std::to_string(m.o.max_ctx) + " positions)");
   if (id < 0 || id >= m.c.vocab) throw std::invalid_argument("gpu decode: token id " + std::to_string(id) + " is outside the vocabulary");
   cudaStream_t st = m.stream;
-  if (m.length + 1 > m.decode_grid_pos) {  // outgrown (or first step): a wider grid, and a graph captured for it
-    m.drop_graph();
-    int64_t grid = 256;
-    while (grid < m.length + 1) grid *= 2;
-    m.decode_grid_pos = static_cast<int>(std::min<int64_t>(grid, m.o.max_ctx));
-  }
-  m.h_io = {id, 0, m.length, m.length + 1};
-  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(m.d_io.ptr, m.h_io.data(), 16, cudaMemcpyHostToDevice, st));
+  m.prepare_step(id);
   if (m.probe_out) {
     m.decode_body();
   } else if (m.graph) {
@@ -376,7 +388,7 @@ int32_t GpuModel::decode(int32_t id, std::vector<float>* logits_out) {
     m.decode_body();
     ++m.eager_steps;
   }
-  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(m.h_io.data() + 1, m.d_io.as<int32_t>() + 1, 4, cudaMemcpyDeviceToHost, st));
+  ELASTIC_CUDA_CHECK(cudaMemcpyAsync(&m.h_next, m.d_io + 1, 4, cudaMemcpyDeviceToHost, st));
   if (logits_out) {
     logits_out->resize(m.c.vocab);
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(logits_out->data(), m.logits.ptr, size_t(m.c.vocab) * 4,
@@ -384,7 +396,7 @@ int32_t GpuModel::decode(int32_t id, std::vector<float>* logits_out) {
   }
   ELASTIC_CUDA_CHECK(cudaStreamSynchronize(st));
   ++m.length;
-  return m.h_io[1];
+  return m.h_next;
 }
 
 std::vector<std::vector<float>> GpuModel::last_row_attention(const std::vector<int32_t>& ids) {

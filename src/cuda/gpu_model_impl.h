@@ -11,6 +11,8 @@
 #include "cuda/device_buffer.h"
 #include "elastic/cuda_attention.h"
 #include "elastic/cuda_gemm.h"
+#include "elastic/cuda_paged_decode.h"
+#include "elastic/kv_pages.h"
 #include "elastic/gpu_model.h"
 
 namespace elastic::cuda {
@@ -25,11 +27,6 @@ struct GpuLayer {              // bf16, HF [out, in] layouts
   DeviceBuffer mlp_norm;       // [D]
   DeviceBuffer w_gu;           // [2F, D]: gate rows then up rows
   DeviceBuffer w_down;         // [D, F]
-};
-
-struct HeadCache {             // one KV head's own cache, [slots, hd] bf16 each
-  DeviceBuffer k, v;
-  int sink_slots = 0, ring_slots = 0;  // ring 0: one slot per position
 };
 
 struct GpuModel::Impl {
@@ -57,24 +54,37 @@ struct GpuModel::Impl {
   static constexpr int kLogitRows = 256;
   DeviceBuffer logits;     // [kLogitRows, V] fp32
 
+  // Paged KV memory (kv_pages.h): one pool of kPageSize-position pages (one KV head of one layer each) for K and one
+  // for V, sized for every head full at max_ctx; the current sequence holds, per layer, a SequencePages under that
+  // layer's routing (a router decides layer by layer), so a head holds exactly the pages its routing keeps.
+  static constexpr int kPageSize = 64;  // divides both sparse block sizes (64, 128)
+  std::unique_ptr<PagePool> pages;
+  DeviceBuffer k_pool, v_pool;           // [n_pages, kPageSize, hd] bf16
+  int pages_per_head = 0;                // ceil(max_ctx / kPageSize)
+  DeviceBuffer page_table;               // int32 [L * Hkv * pages_per_head] capacity: the heads' lists, concatenated
+  DeviceBuffer page_map;                 // int32 [Hkv * pages_per_head]: prefill's position page -> pool page
+  std::vector<int32_t> h_table, h_offsets;  // host copy of the uploaded lists and each head's offset in them
+  bool tables_dirty = true;              // a page list changed since the last upload
+
   // The current sequence.
   RoutingTable routing;
   int length = 0;
-  std::vector<HeadCache> caches;            // [L * Hkv]
-  DeviceBuffer k_ptrs, v_ptrs, sink_slots, ring_slots;  // [L * Hkv] device tables of the caches
-  DeviceBuffer dec_heads;                   // [L * Hkv] DecodeKVHead
-  std::vector<int> dec_max_kept;            // [L] DecodeParams::max_kept of each layer (decode_max_kept)
+  std::vector<std::unique_ptr<SequencePages>> seq;  // [L], each under a one-layer routing
 
-  // Decode work: one token.
+  // Decode work: one token. The host writes one step block each step (one upload): d_io = {input id, next id, pos,
+  // n_pos}, then dec_heads (PagedDecodeHead [L * Hkv]: page_offset, kept; the device planner sets the unit ranges),
+  // then dec_rows (int64 [L * Hkv]: the pool row of the new position per head).
   DeviceBuffer d_x, d_xn, d_qkv, d_q, d_k, d_v, d_attn, d_gu, d_act, d_ws;
-  DeviceBuffer d_io;        // int32 [4]: input id, next id, pos, n_pos
-  std::array<int32_t, 4> h_io{};
+  DeviceBuffer d_step;
+  int32_t* d_io = nullptr;
+  PagedDecodeHead* dec_heads = nullptr;
+  int64_t* dec_rows = nullptr;
+  std::vector<uint8_t> h_step;
+  DeviceBuffer dec_units, dec_n_units;   // PagedDecodeUnit [L * max_units], int32 [L]
+  int max_units = 0, target_units = 0;   // paged_max_units at max_ctx all full; paged_target_units()
+  int32_t h_next = 0;                    // the step's greedy token, read back
   cudaGraphExec_t graph = nullptr;
   int eager_steps = 0;
-  // Positions the decode attention grid covers (its max_pos): the power of two at or above the sequence's length
-  // (at least 256, at most max_ctx). A grid over max_ctx would launch a 128K plan's empty CTAs at every step of an
-  // 8K sequence and size the split for 128K; the captured graph is replaced when the sequence outgrows it.
-  int decode_grid_pos = 0;
 
   // Probing step (last_row_attention): per layer, the step's attention weights go to probe_probs ([Hq, n_pos]
   // fp32) and from there to (*probe_out)[l]. Set only around one eager decode step; never captured.
@@ -85,7 +95,9 @@ struct GpuModel::Impl {
   void init_common();                       // plan, work buffers, stream, gemm (after weights are set)
   const uint16_t* head_weight() const { return (lm_head.ptr ? lm_head : embed).as<const uint16_t>(); }
   void drop_graph();
-  void allocate_layer_caches(int l, const HeadMode* modes, const SparseSettings& s);
+  void store_layer_pages(int l, const HeadMode* modes, const SparseSettings& s, int T);  // prefill: K/V into pages
+  void upload_tables();                     // the sequence's page lists into page_table
+  void prepare_step(int32_t id);            // host side of a decode step: pages, then the step block upload
   void decode_body();                       // the captured part of a decode step
 };
 

@@ -64,7 +64,7 @@ std::string gib(size_t b) {
 
 std::string GpuPlan::describe() const {
   std::ostringstream s;
-  s << "gpu plan: weights " << gib(weights) << " | kv cache (all full) " << gib(kv_full) << " | prefill k/v "
+  s << "gpu plan: weights " << gib(weights) << " | kv page pool (all full) " << gib(kv_full) << " | prefill k/v "
     << gib(prefill_kv) << " | activations " << gib(activations) << " | xattn lists " << gib(xattn)
     << " | workspace " << gib(workspace) << " | total " << gib(total());
   return s.str();
@@ -96,14 +96,22 @@ void GpuModel::Impl::init_common() {
   for (const GpuLayer& L : layers)
     plan.weights += L.attn_norm.bytes + L.w_qkv.bytes + L.b_qkv.bytes + L.q_norm.bytes + L.k_norm.bytes +
                     L.wo.bytes + L.mlp_norm.bytes + L.w_gu.bytes + L.w_down.bytes;
-  plan.kv_full = size_t(c.n_layers) * Hkv * ctx * hd * 2 * 2;
+  pages_per_head = static_cast<int>((ctx + kPageSize - 1) / kPageSize);
+  const int64_t n_pages = int64_t(c.n_layers) * Hkv * pages_per_head;
+  plan.kv_full = size_t(n_pages) * kPageSize * hd * 2 * 2;  // the page pool: every head full at max_ctx
+  target_units = paged_target_units();
+  max_units = paged_max_units(int64_t(Hkv) * pages_per_head * kPageSize, Hkv, target_units);
+  const size_t dec_ws = size_t(paged_decode_workspace_floats(max_units, Hq / Hkv, hd)) * 4;
+  const size_t step_bytes = 16 + size_t(c.n_layers) * Hkv * (sizeof(PagedDecodeHead) + sizeof(int64_t));
+  const size_t tables = size_t(n_pages + int64_t(Hkv) * pages_per_head) * 4 + step_bytes +
+                        size_t(c.n_layers) * (size_t(max_units) * sizeof(PagedDecodeUnit) + 4);
   plan.prefill_kv = 2 * bf16s(ctx * Hkv * hd);
   const size_t chunk_act = bf16s(size_t(chunk) * (D + N + 2 * Hq * hd + 3 * F));
   const size_t decode_act = bf16s(D * 2 + N + 2 * Hq * hd + 2 * Hkv * hd + 3 * F);
   plan.activations = ctx * 4 + bf16s(ctx * D) + chunk_act + size_t(kLogitRows) * V * 4 + decode_act;
   const int nb64 = (o.max_ctx + 63) / 64;
   plan.xattn = (size_t(xattn_list_capacity(Hq, nb64)) + 2 * size_t(Hq) * nb64) * 4;
-  plan.workspace = gemm->workspace_bytes() + size_t(decode_workspace_floats(Hq, hd, o.max_ctx)) * 4;
+  plan.workspace = gemm->workspace_bytes() + dec_ws + tables;
   size_t free_b = 0, total_b = 0;
   ELASTIC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   const size_t need = plan.total() - plan.weights - plan.xattn;  // weights are already in; lists only when used
@@ -133,16 +141,19 @@ void GpuModel::Impl::init_common() {
   d_attn.alloc(bf16s(Hq * hd));
   d_gu.alloc(bf16s(2 * F));
   d_act.alloc(bf16s(F));
-  d_ws.alloc(size_t(decode_workspace_floats(Hq, hd, o.max_ctx)) * 4);
-  d_io.alloc(4 * 4);
-  const size_t nh = size_t(c.n_layers) * Hkv;
-  k_ptrs.alloc(nh * sizeof(void*));
-  v_ptrs.alloc(nh * sizeof(void*));
-  sink_slots.alloc(nh * 4);
-  ring_slots.alloc(nh * 4);
-  dec_heads.alloc(nh * sizeof(DecodeKVHead));
-  dec_max_kept.assign(c.n_layers, 0);
-  caches.resize(nh);
+  d_ws.alloc(dec_ws);
+  pages = std::make_unique<PagePool>(n_pages, kPageSize);
+  k_pool.alloc(size_t(n_pages) * kPageSize * hd * 2);
+  v_pool.alloc(size_t(n_pages) * kPageSize * hd * 2);
+  page_table.alloc(size_t(n_pages) * 4);
+  page_map.alloc(size_t(Hkv) * pages_per_head * 4);
+  d_step.alloc(step_bytes);
+  h_step.assign(step_bytes, 0);
+  d_io = d_step.as<int32_t>();
+  dec_heads = reinterpret_cast<PagedDecodeHead*>(d_step.as<uint8_t>() + 16);
+  dec_rows = reinterpret_cast<int64_t*>(d_step.as<uint8_t>() + 16 + size_t(c.n_layers) * Hkv * sizeof(PagedDecodeHead));
+  dec_units.alloc(size_t(c.n_layers) * max_units * sizeof(PagedDecodeUnit));
+  dec_n_units.alloc(size_t(c.n_layers) * 4);
   routing = RoutingTable::all_full(c.n_layers, Hkv);
 
   // RoPE frequencies as the CPU model computes them (llama3 scaling included).

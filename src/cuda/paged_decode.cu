@@ -43,6 +43,12 @@ __global__ void __launch_bounds__(kThreads) paged_decode_partial(const PagedDeco
   const PagedDecodeUnit unit = p.units[u];
   const PagedDecodeHead head = p.heads[unit.head];
   const int G = p.n_heads / p.n_kv_heads, seq = unit.head / p.n_kv_heads, kvh = unit.head % p.n_kv_heads;
+  const int key_end = min(unit.key_end, head.kept);  // a unit cut for a larger capacity reads only what is kept
+  float* ws = p.workspace + size_t(u) * G * (HD + 2);
+  if (unit.key_begin >= key_end) {  // no keys: max -inf marks the partial empty for the merge
+    if (lane < G) ws[lane * (HD + 2) + HD] = -INFINITY, ws[lane * (HD + 2) + HD + 1] = 0.f;
+    return;
+  }
   const __nv_bfloat16* qg = static_cast<const __nv_bfloat16*>(p.q) + (size_t(seq) * p.n_heads + kvh * G) * HD;
   uint4 qf[NT][KI];  // B fragments of Q: head nt*8 + g, dims i*32 + q*8 .. + 8 (zero past the group)
 #pragma unroll
@@ -62,9 +68,9 @@ __global__ void __launch_bounds__(kThreads) paged_decode_partial(const PagedDeco
   const int P = p.page_size;
   const __nv_bfloat16* kpool = static_cast<const __nv_bfloat16*>(p.k_pool);
   const __nv_bfloat16* vpool = static_cast<const __nv_bfloat16*>(p.v_pool);
-  for (int t0 = unit.key_begin; t0 < unit.key_end; t0 += kPagedTile) {
+  for (int t0 = unit.key_begin; t0 < key_end; t0 += kPagedTile) {
     const size_t base = (size_t(pages[t0 / P]) * P + t0 % P) * HD;  // the tile's 16 rows lie in one page
-    const int n_valid = unit.key_end - t0;  // rows past it: the next unit's or past the head's kept positions
+    const int n_valid = key_end - t0;  // rows past it: the next unit's or past the head's kept positions
     uint4 kr[2][KI], vr[4][VC];
 #pragma unroll
     for (int r = 0; r < 2; ++r)
@@ -129,7 +135,6 @@ __global__ void __launch_bounds__(kThreads) paged_decode_partial(const PagedDeco
         for (int nt = 0; nt < NT; ++nt) mma_bf16(acc[4 * c + w][nt], a, b0[nt], b1[nt]);
       }
   }
-  float* ws = p.workspace + size_t(u) * G * (HD + 2);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -181,7 +186,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge(const Pag
       x[2 * i] = v.x, x[2 * i + 1] = v.y;
     }
     const float mu = w[HD], lu = w[HD + 1];
-    const float mn = fmaxf(m, mu);  // finite: a unit's first key is always valid
+    if (mu == -INFINITY) continue;  // a unit with no kept keys
+    const float mn = fmaxf(m, mu);
     const float a = exp2f(m - mn), b = exp2f(mu - mn);
     l = l * a + lu * b;
 #pragma unroll
@@ -206,6 +212,59 @@ __global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge(const Pag
     // No units merged: 0/0 = NaN.
     static_cast<__nv_bfloat16*>(p.out)[(size_t(seq) * p.n_heads + hq) * HD + d] = __float2bfloat16(acc / L);
   }
+}
+
+// One CTA per layer: thread 0 cuts the units per head (plan_paged_decode's loop), then every thread writes units.
+__global__ void paged_plan_kernel(PagedDecodeHead* heads, PagedDecodeUnit* units, int32_t* n_units, int n_kv_heads,
+                                  int max_units, int target_units) {
+  const int l = blockIdx.x;
+  PagedDecodeHead* H = heads + size_t(l) * n_kv_heads;
+  PagedDecodeUnit* U = units + size_t(l) * max_units;
+  __shared__ int s_kpu, s_n;
+  if (threadIdx.x == 0) {
+    int64_t total = 0;
+    for (int h = 0; h < n_kv_heads; ++h) total += H[h].kept;
+    const int kpu = paged_keys_per_unit(total, target_units);
+    int n = 0;
+    for (int h = 0; h < n_kv_heads; ++h) {
+      H[h].unit_begin = n;
+      n += (max(H[h].kept, 0) + kpu - 1) / kpu;
+      H[h].unit_end = n;
+    }
+    if (n > max_units) {  // never with paged_max_units; a bound too small gives NaN outputs, not a partial sum
+      for (int h = 0; h < n_kv_heads; ++h) H[h].unit_begin = H[h].unit_end = 0;
+      n = 0;
+    }
+    s_kpu = kpu, s_n = n, n_units[l] = n;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < s_n; i += blockDim.x) {
+    int h = 0;
+    while (H[h].unit_end <= i) ++h;
+    const int k0 = (i - H[h].unit_begin) * s_kpu;
+    U[i] = PagedDecodeUnit{h, k0, min(H[h].kept, k0 + s_kpu)};
+  }
+}
+
+// grid (n_kv_heads), head_dim / 8 threads: 16 bytes each of K and V.
+__global__ void paged_append_kernel(const uint4* k_new, const uint4* v_new, const int64_t* rows, uint4* k_pool,
+                                    uint4* v_pool, int head_dim) {
+  const int h = blockIdx.x, i = threadIdx.x, per_row = head_dim / 8;
+  const size_t dst = size_t(rows[h]) * per_row + i;
+  k_pool[dst] = k_new[size_t(h) * per_row + i];
+  v_pool[dst] = v_new[size_t(h) * per_row + i];
+}
+
+// One thread per 16 bytes of src [T, Hkv, hd].
+__global__ void paged_scatter_kernel(const uint4* src, int T, int n_kv_heads, int head_dim, const int32_t* page_map,
+                                     int map_stride, int page_size, uint4* pool) {
+  const int per_row = head_dim / 8;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(T) * n_kv_heads * per_row) return;
+  const int c = int(i % per_row), h = int(i / per_row % n_kv_heads), t = int(i / (int64_t(per_row) * n_kv_heads));
+  const int32_t page = page_map[size_t(h) * map_stride + t / page_size];
+  if (page < 0) return;
+  pool[(size_t(page) * page_size + t % page_size) * per_row + c] = src[i];
 }
 
 void bad(const std::string& what) { throw std::invalid_argument("paged_decode_attention: " + what); }
@@ -247,6 +306,49 @@ void paged_decode_attention(const PagedDecodeParams& p, cudaStream_t stream) {
     two ? launch<128, 2>(p, stream) : launch<128, 1>(p, stream);
   else
     bad("head_dim must be 64 or 128 (got " + std::to_string(p.head_dim) + ")");
+}
+
+int paged_target_units() {
+  int dev = 0, sms = 0;
+  ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
+  ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms * 16;  // 4 CTAs of 4 warps per SM at the partial kernel's register count
+}
+
+int paged_max_units(int64_t total_keys, int n_kv_heads, int target_units) {
+  // units = sum over heads of ceil(kept_h / kpu) <= total / kpu + n_kv_heads, kpu = paged_keys_per_unit(total).
+  const int kpu = paged_keys_per_unit(total_keys, target_units);
+  return static_cast<int>((total_keys + kpu - 1) / kpu) + n_kv_heads;
+}
+
+void paged_decode_plan_device(PagedDecodeHead* heads, PagedDecodeUnit* units, int32_t* n_units, int n_layers,
+                              int n_kv_heads, int max_units, int target_units, cudaStream_t stream) {
+  if (n_layers <= 0 || n_kv_heads <= 0 || max_units <= 0)
+    throw std::invalid_argument("paged_decode_plan_device: n_layers, n_kv_heads and max_units must be > 0");
+  paged_plan_kernel<<<n_layers, 256, 0, stream>>>(heads, units, n_units, n_kv_heads, max_units, target_units);
+  ELASTIC_CUDA_CHECK(cudaGetLastError());
+}
+
+void paged_append(const void* k_new, const void* v_new, const int64_t* rows, void* k_pool, void* v_pool,
+                  int n_kv_heads, int head_dim, cudaStream_t stream) {
+  if (head_dim % 8 || head_dim <= 0 || n_kv_heads <= 0)
+    throw std::invalid_argument("paged_append: head_dim must be a positive multiple of 8");
+  paged_append_kernel<<<n_kv_heads, head_dim / 8, 0, stream>>>(
+      static_cast<const uint4*>(k_new), static_cast<const uint4*>(v_new), rows, static_cast<uint4*>(k_pool),
+      static_cast<uint4*>(v_pool), head_dim);
+  ELASTIC_CUDA_CHECK(cudaGetLastError());
+}
+
+void paged_scatter(const void* src, int T, int n_kv_heads, int head_dim, const int32_t* page_map, int map_stride,
+                   int page_size, void* pool, cudaStream_t stream) {
+  if (head_dim % 8 || head_dim <= 0 || n_kv_heads <= 0 || page_size <= 0)
+    throw std::invalid_argument("paged_scatter: head_dim must be a positive multiple of 8");
+  if (T <= 0) return;
+  const int64_t n = int64_t(T) * n_kv_heads * (head_dim / 8);
+  paged_scatter_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+      static_cast<const uint4*>(src), T, n_kv_heads, head_dim, page_map, map_stride, page_size,
+      static_cast<uint4*>(pool));
+  ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace elastic::cuda

@@ -85,6 +85,80 @@ void run_case(const Case& c, std::mt19937& rng) {
   p.n_units = 0, p.n_units_dev = dn.p, p.max_units = max_units;
   cuda::paged_decode_attention(p, s.s);
   EXPECT_EQ(dout.down(), got) << "device unit count with spare warps gives the host path's bits";
+
+  auto check = [&](const std::vector<float>& want, const char* what) {
+    const std::vector<uint16_t> out = dout.down();
+    double w = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const float x = from_bf16(out[i]);
+      ASSERT_TRUE(std::isfinite(x)) << what << ": output " << i;
+      w = std::max(w, std::abs(double(x) - want[i]) / (0.02 + std::abs(want[i])));
+    }
+    EXPECT_LT(w, 1.0) << what << ": largest |got - ref| / (0.02 + |ref|)";
+  };
+
+  // Units cut for a larger capacity than the heads keep now (the GPU model's graph replays one cut while kept
+  // grows): every head keeps up to 37 positions fewer, the kernel reads only those.
+  PagedDecodePlan fewer = plan;
+  for (PagedDecodeHead& h : fewer.heads) h.kept = std::max(1, h.kept - 37);
+  std::vector<float> ref_fewer(q.size());
+  paged_decode_reference(fewer, qf.data(), kf.data(), vf.data(), Hq, hd, ref_fewer.data());
+  dheads.up(fewer.heads);
+  dout.poison();
+  p.n_units = n_units, p.n_units_dev = nullptr;
+  cuda::paged_decode_attention(p, s.s);
+  check(ref_fewer, "units past kept");
+
+  // The device planner: each sequence a slice of Hkv heads (as each layer is in the GPU model), units cut on the
+  // device from kept alone must equal plan_paged_decode's for that sequence with paged_keys_per_unit's cut.
+  const int target = 24;  // small, so that sequences get several units per head
+  std::vector<PagedDecodeHead> heads_in(plan.heads);
+  for (PagedDecodeHead& h : heads_in) h.unit_begin = h.unit_end = -7;  // the planner must set them
+  Dev<PagedDecodeHead> dslices(heads_in);
+  int slice_units = 0;
+  for (int b = 0; b < n; ++b) {
+    int64_t total = 0;
+    for (int h = 0; h < Hkv; ++h) total += plan.heads[size_t(b) * Hkv + h].kept;
+    slice_units = std::max(slice_units, cuda::paged_max_units(total, Hkv, target));
+  }
+  Dev<PagedDecodeUnit> dsu(size_t(n) * slice_units);
+  Dev<int32_t> dsn(n);
+  Dev<float> ws2(cuda::paged_decode_workspace_floats(slice_units, Hq / Hkv, hd));
+  cuda::paged_decode_plan_device(dslices.p, dsu.p, dsn.p, n, Hkv, slice_units, target, s.s);
+  const std::vector<PagedDecodeHead> dev_heads = dslices.down();
+  const std::vector<PagedDecodeUnit> dev_units = dsu.down();
+  const std::vector<int32_t> dev_n = dsn.down();
+  for (int b = 0; b < n; ++b) {
+    std::vector<const HeadPages*> one(heads.begin() + size_t(b) * Hkv, heads.begin() + size_t(b + 1) * Hkv);
+    int64_t total = 0;
+    for (const HeadPages* h : one) total += h->kept;
+    const PagedDecodePlan host = plan_paged_decode(one, Hkv, P, paged_keys_per_unit(total, target));
+    ASSERT_EQ(dev_n[b], int(host.units.size())) << "sequence " << b;
+    for (size_t u = 0; u < host.units.size(); ++u) {
+      const PagedDecodeUnit& d = dev_units[size_t(b) * slice_units + u];
+      EXPECT_TRUE(d.head == host.units[u].head && d.key_begin == host.units[u].key_begin &&
+                  d.key_end == host.units[u].key_end)
+          << "sequence " << b << " unit " << u << ": device (" << d.head << ", " << d.key_begin << ", " << d.key_end
+          << ")";
+    }
+    for (int h = 0; h < Hkv; ++h) {
+      EXPECT_EQ(dev_heads[size_t(b) * Hkv + h].unit_begin, host.heads[h].unit_begin) << "sequence " << b << " head " << h;
+      EXPECT_EQ(dev_heads[size_t(b) * Hkv + h].unit_end, host.heads[h].unit_end) << "sequence " << b << " head " << h;
+    }
+  }
+  // The kernel over the planner's slices, one sequence per launch, graph form: the batch reference.
+  dout.poison();
+  for (int b = 0; b < n; ++b) {
+    cuda::PagedDecodeParams pb = p;
+    pb.q = dq.p + size_t(b) * Hq * hd, pb.out = dout.p + size_t(b) * Hq * hd;
+    pb.heads = dslices.p + size_t(b) * Hkv;
+    pb.units = dsu.p + size_t(b) * slice_units;
+    pb.n_units = 0, pb.n_units_dev = dsn.p + b, pb.max_units = slice_units;
+    pb.workspace = ws2.p;
+    pb.n_seqs = 1;
+    cuda::paged_decode_attention(pb, s.s);
+  }
+  check(ref, "device planner");
 }
 
 }  // namespace
