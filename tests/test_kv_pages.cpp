@@ -197,3 +197,33 @@ TEST(PagedDecode, PlanAndReferenceMatchDenseAttentionOverKeptPositions) {
   EXPECT_EQ(paged_keys_per_unit(100, 2112), 64);
   EXPECT_EQ(paged_keys_per_unit(int64_t(1) << 40, 1), 4096);
 }
+
+// paged_max_units bounds the units of every total up to the capacity it was given, not only of the capacity itself:
+// the GPU model sizes its unit buffers once at max_ctx and cuts units each step from the kept counts (a bound taken
+// at the capacity alone was exceeded at 32K of a 128K model, whose outputs then came out NaN).
+TEST(PagedDecodePlan, MaxUnitsBoundsEveryTotalUpToTheCapacity) {
+  std::mt19937 rng(5);
+  for (const int target : {1, 24, 2112, 2640}) {
+    for (const int heads : {1, 3, 8}) {
+      for (const int64_t cap : {int64_t(64), int64_t(1000), int64_t(8) * 130080, int64_t(8) << 20}) {
+        const int bound = paged_max_units(cap, heads, target);
+        for (int trial = 0; trial < 300; ++trial) {
+          const int64_t total = 1 + int64_t(rng() % uint64_t(cap));
+          const int kpu = paged_keys_per_unit(total, target);
+          // Any split of `total` over the heads cuts at most total / kpu + heads units; and a random split.
+          ASSERT_LE(total / kpu + heads, bound) << "target " << target << " heads " << heads << " total " << total;
+          std::vector<int64_t> kept(heads, 0);
+          for (int64_t k = 0, left = total; k < heads; ++k) {
+            kept[k] = k + 1 == heads ? left : int64_t(rng() % uint64_t(left + 1));
+            left -= kept[k];
+          }
+          int64_t units = 0;
+          for (const int64_t k : kept) units += (k + kpu - 1) / kpu;
+          ASSERT_LE(units, bound) << "target " << target << " heads " << heads << " capacity " << cap << " total "
+                                  << total << " keys per unit " << kpu;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(paged_max_units(int64_t(8) * 130080, 8, 2112), 2112 + 8);
+}

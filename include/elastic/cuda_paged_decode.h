@@ -37,11 +37,9 @@ int64_t paged_decode_workspace_floats(int max_units, int group, int head_dim);
 // per layer l it cuts units exactly as plan_paged_decode does, with paged_keys_per_unit(the layer's kept keys,
 // target_units), writes each head's unit_begin / unit_end, the units at units + l * max_units (unit.head indexes
 // the layer's slice) and their count at n_units[l]. A layer that would need more than max_units gets none (its
-// outputs are then NaN). paged_max_units gives a max_units that is never exceeded.
+// outputs are then NaN). paged_max_units (paged_decode.h) gives a max_units that is never exceeded.
 void paged_decode_plan_device(PagedDecodeHead* heads, PagedDecodeUnit* units, int32_t* n_units, int n_layers,
                               int n_kv_heads, int max_units, int target_units, cudaStream_t stream);
-// Most units a layer whose heads keep at most total_keys positions in all can need (paged_keys_per_unit's cut).
-int paged_max_units(int64_t total_keys, int n_kv_heads, int target_units);
 // Warps the partial kernel keeps resident on the current device: the target_units of paged_keys_per_unit.
 int paged_target_units();
 

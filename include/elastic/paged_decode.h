@@ -48,6 +48,17 @@ ELASTIC_HOST_DEVICE inline int paged_keys_per_unit(int64_t total_keys, int targe
   return static_cast<int>(want < 64 ? 64 : want > 4096 ? 4096 : want);
 }
 
+// Most units n_heads heads keeping at most max_total_keys positions in all can be cut into by paged_keys_per_unit,
+// at any total up to that (a bound for the whole of a sequence's growth, not only at its largest): with the cut
+// kpu >= total / target_units unless clamped, units = sum ceil(kept_h / kpu) <= total / kpu + n_heads, which is at
+// most target_units + n_heads, or total / 4096 + n_heads where the 4096 clamp binds, and never more than one unit
+// per 64 keys plus one per head.
+ELASTIC_HOST_DEVICE inline int paged_max_units(int64_t max_total_keys, int n_heads, int target_units) {
+  const int64_t t = target_units > 1 ? target_units : 1, by_clamp = (max_total_keys + 4095) / 4096;
+  const int64_t by_min = (max_total_keys + 63) / 64, cut = t > by_clamp ? t : by_clamp;
+  return static_cast<int>((cut < by_min ? cut : by_min) + n_heads);
+}
+
 // A unit's keys past its head's `kept` are not read: a unit list cut for a larger capacity serves every step whose
 // heads keep fewer positions (a unit left with no keys contributes nothing to the merge).
 

@@ -315,12 +315,6 @@ int paged_target_units() {
   return sms * 16;  // 4 CTAs of 4 warps per SM at the partial kernel's register count
 }
 
-int paged_max_units(int64_t total_keys, int n_kv_heads, int target_units) {
-  // units = sum over heads of ceil(kept_h / kpu) <= total / kpu + n_kv_heads, kpu = paged_keys_per_unit(total).
-  const int kpu = paged_keys_per_unit(total_keys, target_units);
-  return static_cast<int>((total_keys + kpu - 1) / kpu) + n_kv_heads;
-}
-
 void paged_decode_plan_device(PagedDecodeHead* heads, PagedDecodeUnit* units, int32_t* n_units, int n_layers,
                               int n_kv_heads, int max_units, int target_units, cudaStream_t stream) {
   if (n_layers <= 0 || n_kv_heads <= 0 || max_units <= 0)

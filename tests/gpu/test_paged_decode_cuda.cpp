@@ -119,7 +119,7 @@ void run_case(const Case& c, std::mt19937& rng) {
   for (int b = 0; b < n; ++b) {
     int64_t total = 0;
     for (int h = 0; h < Hkv; ++h) total += plan.heads[size_t(b) * Hkv + h].kept;
-    slice_units = std::max(slice_units, cuda::paged_max_units(total, Hkv, target));
+    slice_units = std::max(slice_units, paged_max_units(total, Hkv, target));
   }
   Dev<PagedDecodeUnit> dsu(size_t(n) * slice_units);
   Dev<int32_t> dsn(n);
