@@ -2,7 +2,8 @@
 # Here (the build machine): collects the CUDA-enabled binaries and the shared libraries the GPU image lacks into
 # .gpucarry/ (git-ignored), for `run` with carry [".gpucarry"] and scripts/gpu_model.sh there. The binaries are
 # stripped (the kernels' fatbins stay) and bench_train_gpu is left out unless WITH_TRAIN_BENCH=1, so .gpucarry plus
-# the working tree stay under the device tool's 64 MiB carry limit; the script prints the total.
+# the working tree stay under the device tool's 64 MiB carry limit; the script prints the total. BEFORE=path/to/elastic
+# adds another build as .gpucarry/elastic_before (scripts/gpu_decode_before_after.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BINS="elastic elastic_gpu_tests bench_attention_gpu"
@@ -19,6 +20,9 @@ for lib in $(cd build && ldd $BINS | awk '/=>/ {print $3}' | sort -u); do
     *) cp -L "$lib" .gpucarry/lib/ ;;
   esac
 done
+# Packed (42 -> 13 MiB, mostly OpenBLAS), so two builds fit beside each other; the GPU scripts unpack it first.
+tar -C .gpucarry -czf .gpucarry/lib.tar.gz lib && rm -rf .gpucarry/lib
+[ -z "${BEFORE:-}" ] || { cp "$BEFORE" .gpucarry/elastic_before && strip -s .gpucarry/elastic_before; }
 carry=$(du -sb .gpucarry | cut -f1)
 tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 total=$((carry + tree))

@@ -189,7 +189,8 @@ double copy_gbs(Timer& timer) {
 }
 
 // Paged decode (Qwen3-4B attention shape, page 64): a batch of sequences, each with its lengths and routing laid
-// out by SequencePages as after a long decode; one launch of paged_decode_attention per layer. Batch 1 rows also
+// out by SequencePages as after a long decode; one launch of paged_decode_attention per layer. Batches 1, 8 and 32 at
+// each length, then 8 and 32 of mixed lengths; "of copy" is the roofline figure (K/V bytes over the measured copy rate). Batch 1 rows also
 // time decode_attention (the contiguous per-head cache kernel) on the same lengths for comparison. K/V bytes read
 // per second against the measured copy rate.
 void paged_table(const std::vector<int>& lengths, Timer& timer) {
@@ -207,6 +208,10 @@ void paged_table(const std::vector<int>& lengths, Timer& timer) {
   std::vector<Form> forms;
   for (const int T : lengths)
     for (const char* r : {"full", "hybrid 0.7", "ssa"}) forms.push_back({{T}, r});
+  // The batched grid of issue 21: batch 8 and 32 at each length, every sequence the same length.
+  for (const int batch : {8, 32})
+    for (const int T : lengths)
+      for (const char* r : {"full", "hybrid 0.7", "ssa"}) forms.push_back({std::vector<int>(batch, T), r});
   std::mt19937 rng(11);
   for (const int batch : {8, 32})
     for (const char* r : {"full", "hybrid 0.7", "ssa"}) {
@@ -265,7 +270,8 @@ void paged_table(const std::vector<int>& lengths, Timer& timer) {
     p.n_seqs = n, p.n_heads = Hq, p.n_kv_heads = Hkv, p.head_dim = hd, p.page_size = P;
     const double ms = timer.median_ms([&] { paged_decode_attention(p, nullptr); }, 50);
     const double bytes = 2.0 * kept * hd * 2;
-    std::string lens = n == 1 ? std::to_string(f.lens[0]) : "mixed 1K-128K (" + std::to_string(kept / Hkv / n) + " kept avg)";
+    const bool same = std::all_of(f.lens.begin(), f.lens.end(), [&](int x) { return x == f.lens[0]; });
+    std::string lens = same ? std::to_string(f.lens[0]) : "mixed 1K-128K (" + std::to_string(kept / Hkv / n) + " kept avg)";
     std::printf("| %d | %s | %s | %zu x %d | %.1f | %.0f | %.2f |\n", n, lens.c_str(), f.routing, plan.units.size(),
                 plan.keys_per_unit, ms * 1e3, bytes / (ms * 1e-3) * 1e-9, bytes / (ms * 1e-3) * 1e-9 / copy);
     std::fflush(stdout);

@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_partial(const PagedDeco
 // spread over the CTA's warps (warp w folds units w, w + kMergeWarps, ... with an online rescale, each lane holding
 // HD / 32 dims), so a head's loads are in flight together: a full head at 128K has hundreds of units, and one loop
 // over them (the first form) cost most of a batch-1 step. The warps' partials are combined in shared memory.
-constexpr int kMergeWarps = 8;
+constexpr int kMergeWarps = 16;
 
 template <int HD>
 __global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge(const PagedDecodeParams p) {
