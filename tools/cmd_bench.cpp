@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "elastic/plot_svg.h"
 #ifdef ELASTIC_HAVE_CUDA
 #include "elastic/cuda_attention.h"
+#include "elastic/cuda_paged_decode.h"
 #include "elastic/gpu_model.h"
 #endif
 
@@ -27,7 +29,13 @@ struct Row {
   std::string model, mode;
   int layers = 0, ctx = 0, reps = 0;
   double msr = 0, flops = 0, tok_s = 0, tok_s_sd = 0, attn_ms = 0, attn_ms_sd = 0, speedup = 0, tg = NAN;
+  // GPU --decode: one more step, uncaptured, timed by part (ms): embed + plan, norms, qkv, qkv post + KV append,
+  // attention, o projection, MLP, logits. Empty on the CPU.
+  std::vector<double> parts;
 };
+
+const char* const kDecodeParts[] = {"embed+plan", "norms", "qkv GEMV", "qkv post+append", "attention", "o GEMV",
+                                    "MLP", "logits"};
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -214,7 +222,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
       // The kernel variants this run uses, so a saved table says what it measured (docs/CUDA_ATTENTION.md).
       std::fprintf(stderr, "kernels: attention %s; decode %s\n", cuda::describe_attention_auto().c_str(),
-                   cuda::describe_decode_auto().c_str());
+                   cuda::describe_paged_decode().c_str());
     }
 #endif
     for (const std::string& mode : modes) (void)routing_for(mode, m.config, o->sparse, o->seed);  // fail fast
@@ -232,6 +240,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
         std::vector<double> tok_s, attn_ms;
         AttentionStats last;
         double tg = NAN, flops = NAN;
+        std::vector<double> parts;
 #ifdef ELASTIC_HAVE_CUDA
         if (gpu) {
           if (mode == modes.front()) g->prefill(ids.data(), T, &r, nullptr, nullptr, false);  // warm-up
@@ -241,13 +250,19 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
             tok_s.push_back(T / (st.total_ms / 1e3));
             attn_ms.push_back(st.attention_ms);
           }
-          if (o->decode > 0) {  // the first steps run eagerly and capture the graph: time the replays
-            int32_t id = ids.back();
-            for (int i = 0; i < 2; ++i) id = g->decode(id);
+          if (o->decode > 0) {
+            // Untimed: an eager step (cuBLASLt picks its algorithms), one step timed by part (uncaptured, events
+            // between the parts), the step that captures the graph. Then the replays are timed.
+            int32_t id = g->decode(ids.back());
+            if (o->decode > 1) {
+              const cuda::GpuDecodeParts p = g->decode_parts(id, &id);
+              parts = {p.embed_plan, p.norms, p.qkv, p.qkv_post, p.attention, p.o_proj, p.mlp, p.logits};
+            }
+            if (o->decode > 2) id = g->decode(id);
             const auto a = std::chrono::steady_clock::now();
-            for (int i = 2; i < o->decode; ++i) id = g->decode(id);
+            for (int i = 3; i < o->decode; ++i) id = g->decode(id);
             const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-            if (o->decode > 2) tg = (o->decode - 2) / s;
+            if (o->decode > 3) tg = (o->decode - 3) / s;
           }
           flops = routed_block_ratio(r, T);
         }
@@ -274,6 +289,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
         row.msr = r.msr();
         row.flops = flops;
         row.tg = tg;
+        row.parts = parts;
         mean_sd(tok_s, row.tok_s, row.tok_s_sd);
         mean_sd(attn_ms, row.attn_ms, row.attn_ms_sd);
         if (mode == "full") full_s = row.attn_ms;
@@ -311,6 +327,23 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                     o->device.c_str(), r.layers, r.ctx, r.mode.c_str(), r.msr, fmt_or_dash(r.flops, "%.3f").c_str(),
                     r.tok_s, r.tok_s_sd, r.attn_ms, r.attn_ms_sd, fmt_or_dash(r.speedup, "%.2fx").c_str(),
                     fmt_or_dash(r.tg, "%.1f").c_str());
+      if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.parts.empty(); })) {
+        // Shares of one uncaptured step's GPU time; "replay" is the graph step (1 / decode tok/s): what the parts
+        // add up to beyond it is the gaps between launches that the graph removes.
+        std::printf("\n| ctx | mode | replay ms | parts sum ms |");
+        for (const char* p : kDecodeParts) std::printf(" %s |", p);
+        std::printf("\n|---|---|---|---|");
+        for (size_t i = 0; i < std::size(kDecodeParts); ++i) std::printf("---|");
+        std::printf("\n");
+        for (const Row& r : rows) {
+          if (r.parts.empty()) continue;
+          double sum = 0;
+          for (double x : r.parts) sum += x;
+          std::printf("| %d | %s | %s | %.3f |", r.ctx, r.mode.c_str(), fmt_or_dash(1e3 / r.tg, "%.3f").c_str(), sum);
+          for (double x : r.parts) std::printf(" %.3f (%.0f%%) |", x, 100 * x / sum);
+          std::printf("\n");
+        }
+      }
     }
   }});
 }

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "elastic/paged_decode.h"
 
@@ -31,6 +32,8 @@ struct PagedDecodeParams {
 };
 
 int64_t paged_decode_workspace_floats(int max_units, int group, int head_dim);
+// What decode runs, for bench's "kernels:" line: the unit cut and the merge.
+std::string describe_paged_decode();
 
 // The device planner of a decode step for one sequence, all layers in one launch (what the GPU model's CUDA graph
 // runs each step, since kept grows every step): heads [n_layers * n_kv_heads] arrive with page_offset and kept set;

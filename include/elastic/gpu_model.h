@@ -42,6 +42,22 @@ struct GpuPrefillStats {
   size_t kv_bytes = 0;      // the pages this sequence holds (K and V)
 };
 
+// One decode step's GPU time by part (ms), from CUDA events recorded between the parts of an uncaptured step: what
+// `bench --decode` reports beside the graph-replay speed. The parts sum to the eager step's GPU time; a graph replay
+// runs the same kernels without the gaps between launches, so total() against the replay's step time shows what
+// launches cost.
+struct GpuDecodeParts {
+  double embed_plan = 0;  // embedding row + the paged decode planner
+  double norms = 0;       // RMSNorms before attention and MLP, and the final one
+  double qkv = 0;         // q/k/v projection (one GEMV)
+  double qkv_post = 0;    // q/k norms, RoPE, writing the new K/V into its pages
+  double attention = 0;   // paged decode attention (partial + merge)
+  double o_proj = 0;      // output projection (+ residual)
+  double mlp = 0;         // gate/up GEMV, SwiGLU, down GEMV (+ residual)
+  double logits = 0;      // LM head GEMV and argmax
+  double total() const { return embed_plan + norms + qkv + qkv_post + attention + o_proj + mlp + logits; }
+};
+
 class GpuModel {
  public:
   // Uploads a loaded CPU model's weights as bf16. Throws std::invalid_argument for shapes the kernels do not run
@@ -65,6 +81,9 @@ class GpuModel {
   // last position's query heads over every position: what Model::forward's last_row_probs gives on the CPU.
   // Needs 2 <= T <= max_ctx.
   std::vector<std::vector<float>> last_row_attention(const std::vector<int32_t>& ids);
+  // decode() of one token, run uncaptured with events between its parts (slower than a replay: use for shares).
+  // next (optional): the step's greedy token, as decode returns it.
+  GpuDecodeParts decode_parts(int32_t id, int32_t* next = nullptr);
   int length() const;
   int max_ctx() const;  // positions a sequence may hold (GpuOptions::max_ctx)
   const RoutingTable& routing() const;  // the current sequence's routing

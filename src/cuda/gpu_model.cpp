@@ -298,15 +298,19 @@ void GpuModel::Impl::decode_body() {
   cudaStream_t st = stream;
   int32_t* io = d_io;  // [input id, next id, pos, n_pos]
   uint16_t* x = d_x.as<uint16_t>();
+  mark(kEmbedPlan);  // the start
   embed_rows_bf16(embed.as<uint16_t>(), io, x, 1, D, V, st);
   // Every layer's units for this step's kept counts (prepare_step wrote them).
   paged_decode_plan_device(dec_heads, dec_units.as<PagedDecodeUnit>(), dec_n_units.as<int32_t>(), c.n_layers, Hkv,
                            max_units, target_units, st);
+  mark(kEmbedPlan);
   for (int l = 0; l < c.n_layers; ++l) {
     const GpuLayer& W = layers[l];
     const size_t off = size_t(l) * Hkv;
     rmsnorm_bf16_stream(x, W.attn_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
+    mark(kNorms);
     gemm->bf16(d_xn.as<uint16_t>(), W.w_qkv.as<uint16_t>(), d_qkv.as<uint16_t>(), 1, N, D, st);
+    mark(kQkv);
     QkvPostParams qp;
     qp.qkv = d_qkv.as<uint16_t>();
     qp.bias = W.b_qkv.as<uint16_t>();
@@ -323,6 +327,7 @@ void GpuModel::Impl::decode_body() {
     qp.kv_rows_from_zero = true;
     qkv_post(qp, st);
     paged_append(d_k.ptr, d_v.ptr, dec_rows + off, k_pool.ptr, v_pool.ptr, Hkv, hd, st);
+    mark(kQkvPost);
     PagedDecodeParams pp;
     pp.q = d_q.ptr;
     pp.out = d_attn.ptr;
@@ -336,6 +341,7 @@ void GpuModel::Impl::decode_body() {
     pp.workspace = d_ws.as<float>();
     pp.n_seqs = 1, pp.n_heads = Hq, pp.n_kv_heads = Hkv, pp.head_dim = hd, pp.page_size = kPageSize;
     paged_decode_attention(pp, st);
+    mark(kAttention);
     if (probe_out) {  // eager (decode() runs a probing step uncaptured); every head is full, so n_pos = kept
       const int n_pos = length + 1;
       last_row_probs_paged(d_q.ptr, k_pool.ptr, page_table.as<int32_t>(), dec_heads + off, Hq, Hkv, hd, kPageSize,
@@ -346,14 +352,27 @@ void GpuModel::Impl::decode_body() {
                                          cudaMemcpyDeviceToHost, st));
     }
     gemm->bf16(d_attn.as<uint16_t>(), W.wo.as<uint16_t>(), x, 1, D, Hq * hd, st, nullptr, 1.f);
+    mark(kOProj);
     rmsnorm_bf16_stream(x, W.mlp_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
+    mark(kNorms);
     gemm->bf16(d_xn.as<uint16_t>(), W.w_gu.as<uint16_t>(), d_gu.as<uint16_t>(), 1, 2 * F, D, st);
     swiglu_bf16(d_gu.as<uint16_t>(), d_act.as<uint16_t>(), 1, F, st);
     gemm->bf16(d_act.as<uint16_t>(), W.w_down.as<uint16_t>(), x, 1, D, F, st, nullptr, 1.f);
+    mark(kMlp);
   }
   rmsnorm_bf16_stream(x, final_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
+  mark(kNorms);
   gemm->bf16_out_f32(d_xn.as<uint16_t>(), head_weight(), logits.as<float>(), 1, V, D, st);
   argmax_rows_f32(logits.as<float>(), 1, V, io + 1, st);
+  mark(kLogits);
+}
+
+void GpuModel::Impl::mark(Part p) {
+  if (!part_marks) return;
+  cudaEvent_t e = nullptr;
+  ELASTIC_CUDA_CHECK(cudaEventCreate(&e));
+  part_marks->emplace_back(p, e);
+  ELASTIC_CUDA_CHECK(cudaEventRecord(e, stream));
 }
 
 int32_t GpuModel::decode(int32_t id, std::vector<float>* logits_out) {
@@ -365,7 +384,7 @@ int32_t GpuModel::decode(int32_t id, std::vector<float>* logits_out) {
   if (id < 0 || id >= m.c.vocab) throw std::invalid_argument("gpu decode: token id " + std::to_string(id) + " is outside the vocabulary");
   cudaStream_t st = m.stream;
   m.prepare_step(id);
-  if (m.probe_out) {
+  if (m.probe_out || m.part_marks) {
     m.decode_body();
   } else if (m.graph) {
     ELASTIC_CUDA_CHECK(cudaGraphLaunch(m.graph, st));
@@ -418,6 +437,31 @@ std::vector<std::vector<float>> GpuModel::last_row_attention(const std::vector<i
   }
   m.probe_out = nullptr;
   return probs;
+}
+
+GpuDecodeParts GpuModel::decode_parts(int32_t id, int32_t* next) {
+  Impl& m = *impl_;
+  std::vector<std::pair<Impl::Part, cudaEvent_t>> marks;
+  m.part_marks = &marks;
+  GpuDecodeParts parts;
+  try {
+    const int32_t t = decode(id);  // synchronizes: every event has completed
+    if (next) *next = t;
+    for (size_t i = 1; i < marks.size(); ++i) {
+      float ms = 0;
+      ELASTIC_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second));
+      double* slot[] = {&parts.embed_plan, &parts.norms,  &parts.qkv, &parts.qkv_post,
+                        &parts.attention,  &parts.o_proj, &parts.mlp, &parts.logits};
+      *slot[marks[i].first] += ms;
+    }
+  } catch (...) {
+    m.part_marks = nullptr;
+    for (auto& e : marks) cudaEventDestroy(e.second);
+    throw;
+  }
+  m.part_marks = nullptr;
+  for (auto& e : marks) cudaEventDestroy(e.second);
+  return parts;
 }
 
 }  // namespace elastic::cuda

@@ -91,6 +91,11 @@ struct GpuModel::Impl {
   std::vector<std::vector<float>>* probe_out = nullptr;
   DeviceBuffer probe_probs;
 
+  // decode_parts: events recorded after each part of one uncaptured step (part index, event), in order.
+  enum Part { kEmbedPlan, kNorms, kQkv, kQkvPost, kAttention, kOProj, kMlp, kLogits };
+  std::vector<std::pair<Part, cudaEvent_t>>* part_marks = nullptr;
+  void mark(Part p);                        // records an event for part p when part_marks is set
+
   ~Impl();
   void init_common();                       // plan, work buffers, stream, gemm (after weights are set)
   const uint16_t* head_weight() const { return (lm_head.ptr ? lm_head : embed).as<const uint16_t>(); }

@@ -345,4 +345,10 @@ void paged_scatter(const void* src, int T, int n_kv_heads, int head_dim, const i
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
+std::string describe_paged_decode() {
+  return "paged (a warp per unit of 16-key tiles on tensor cores, units cut on the device per step for " +
+         std::to_string(paged_target_units()) + " resident warps, merge over " + std::to_string(kMergeWarps) +
+         " warps)";
+}
+
 }  // namespace elastic::cuda

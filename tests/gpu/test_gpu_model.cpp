@@ -285,6 +285,38 @@ TEST_P(GpuModelTest, LastRowAttentionMatchesCpuProbe) {
   EXPECT_LT(rel_err(got, ref), kTol);
 }
 
+// bench --decode's breakdown: a step timed by part decodes like any other step (same token, and the steps after it
+// still match a model that never timed one), and every part has GPU time.
+TEST_P(GpuModelTest, DecodePartsStepDecodesLikeAnyStep) {
+  SKIP_WITHOUT_GPU();
+  TRACED_SEED(seed);
+  Model m = make_model(GetParam(), seed);
+  std::mt19937_64 rng(seed);
+  cuda::GpuOptions o;
+  o.max_ctx = 512;
+  o.chunk = 256;
+  auto a = cuda::GpuModel::upload(m, o), b = cuda::GpuModel::upload(m, o);
+  const auto ids = random_ids(300, m.config.vocab, rng);
+  RoutingTable r = mixed(m.config, false);
+  a->prefill(ids.data(), 300, &r, nullptr, nullptr, false);
+  b->prefill(ids.data(), 300, &r, nullptr, nullptr, false);
+  int32_t ta = a->decode(ids[5]), tb = b->decode(ids[5]);
+  ASSERT_EQ(ta, tb);
+  int32_t next = -1;
+  const cuda::GpuDecodeParts p = a->decode_parts(ta, &next);
+  tb = b->decode(tb);
+  EXPECT_EQ(next, tb);
+  for (double x : {p.embed_plan, p.norms, p.qkv, p.qkv_post, p.attention, p.o_proj, p.mlp, p.logits}) EXPECT_GT(x, 0.0);
+  EXPECT_NEAR(p.total(), p.embed_plan + p.norms + p.qkv + p.qkv_post + p.attention + p.o_proj + p.mlp + p.logits, 1e-9);
+  std::vector<float> la, lb;
+  for (int i = 0; i < 4; ++i) {  // replays after it (the graph is captured after the timed step)
+    next = a->decode(next, &la);
+    tb = b->decode(tb, &lb);
+    EXPECT_EQ(next, tb) << "step " << i;
+    EXPECT_EQ(la, lb) << "step " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, GpuModelTest, ::testing::Values(false, true),
                          [](const auto& i) { return std::string(i.param ? "LlamaHd64Bias" : "Qwen3Hd128QkNorm"); });
 
