@@ -22,6 +22,7 @@
 #include "elastic/attention.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
+#include "contiguous_decode.h"  // dev/cuda: the contiguous-cache decode
 #include "elastic/cuda_paged_decode.h"
 #include "elastic/kv_pages.h"
 

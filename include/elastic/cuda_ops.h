@@ -54,20 +54,6 @@ void swiglu_bf16(const uint16_t* gate_up, uint16_t* out, int T, int F, cudaStrea
 // y[i] += x[i], n elements.
 void add_inplace_bf16(uint16_t* y, const uint16_t* x, int64_t n, cudaStream_t stream);
 
-// Copies rows [0, n_pos) of a layer's dense prefill K or V ([n_pos, Hkv, hd]) into each KV head's own cache
-// ([slots, hd], slot(j) = j when ring_slots[h] == 0, else j < sink_slots[h] ? j :
-// sink_slots[h] + (j - sink_slots[h]) % ring_slots[h]); for ring heads only positions j < sink_slots or
-// j >= n_pos - ring_slots are written (the rest would be overwritten anyway). dst: [Hkv] device array of device
-// pointers; sink_slots / ring_slots: [Hkv] device arrays.
-void scatter_to_head_caches(const uint16_t* src, int n_pos, int n_kv_heads, int head_dim, uint16_t* const* dst,
-                            const int32_t* sink_slots, const int32_t* ring_slots, cudaStream_t stream);
-
-// Decode: writes one token's k/v ([Hkv, hd], k_new / v_new) at position pos (device scalar) into each head's cache
-// through the same slot mapping.
-void append_to_head_caches(const uint16_t* k_new, const uint16_t* v_new, const int32_t* pos_dev, int n_kv_heads,
-                           int head_dim, uint16_t* const* k_dst, uint16_t* const* v_dst, const int32_t* sink_slots,
-                           const int32_t* ring_slots, cudaStream_t stream);
-
 // out[r] = argmax over logits[r, 0:V] (fp32), lowest index on ties. rows x V.
 void argmax_rows_f32(const float* logits, int rows, int V, int32_t* out, cudaStream_t stream);
 

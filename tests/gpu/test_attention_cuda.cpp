@@ -18,6 +18,7 @@
 #include "elastic/attention.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
+#include "contiguous_decode.h"  // dev/cuda: the contiguous-cache decode
 #include "gpu_test_util.h"
 
 using namespace elastic;

@@ -27,6 +27,7 @@
 
 #include "elastic/cuda.h"
 #include "elastic/cuda_ops.h"
+#include "contiguous_decode.h"  // dev/cuda: the per-head cache copies
 #include "gpu_test_util.h"
 
 namespace cu = elastic::cuda;

@@ -24,6 +24,7 @@
 #include "cuda/mma_sync.cuh"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
+#include "contiguous_decode.h"
 
 namespace elastic::cuda {
 namespace {
