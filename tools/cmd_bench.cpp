@@ -182,7 +182,6 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     const bool gpu = o->device == "cuda";
     if (!o->attn_kernel.empty()) {
       if (!gpu) throw std::runtime_error("bench: --attn-kernel needs --device cuda");
-      ::setenv("ELASTIC_ATTN_KERNEL", o->attn_kernel.c_str(), 1);  // read by every attention launch
       std::fprintf(stderr, "bench: attention kernel %s\n", o->attn_kernel.c_str());
     }
 #ifndef ELASTIC_HAVE_CUDA
@@ -218,11 +217,12 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       cuda::GpuOptions go;
       go.max_ctx = *std::max_element(ctxs.begin(), ctxs.end()) + o->decode;
       go.chunk = o->chunk;
+      go.attention = cuda::attention_config_from_env();  // ELASTIC_ATTN_OPTS still applies; --attn-kernel names the kernel
+      if (!o->attn_kernel.empty())  // the flag wins over ELASTIC_ATTN_KERNEL
+        go.attention->kernel = cuda::attention_kernel_by_name(o->attn_kernel);
       g = o->model.empty() ? cuda::GpuModel::random(m.config, go, o->seed) : cuda::GpuModel::upload(m, go);
+      // The plan ends with the kernels this run uses, so a saved table says what it measured (docs/CUDA_ATTENTION.md).
       std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
-      // The kernel variants this run uses, so a saved table says what it measured (docs/CUDA_ATTENTION.md).
-      std::fprintf(stderr, "kernels: attention %s; decode %s\n", cuda::describe_attention_auto().c_str(),
-                   cuda::describe_paged_decode().c_str());
     }
 #endif
     for (const std::string& mode : modes) (void)routing_for(mode, m.config, o->sparse, o->seed);  // fail fast

@@ -36,9 +36,8 @@ struct XAttnBlockLists {
 // WgmmaOverlap: Wgmma plus the softmax of S_{i+1} overlapping P_i V_i inside each consumer warpgroup, adjacent tile
 // pairs and a bulk-store epilogue; on the H200 1.02-1.13x Wgmma's speed on full layers from 8K to 128K tokens (one
 // row of ten 2% slower) and 1.10-1.14x on all-streaming ones (docs/CUDA_ATTENTION.md, "Against the targets").
-// Auto: WgmmaOverlap when the group is even, else Simple; the environment variable ELASTIC_ATTN_KERNEL (auto,
-// simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong) replaces what Auto picks where the group is
-// even (an odd group stays on Simple; an unknown value throws std::invalid_argument).
+// Auto: WgmmaOverlap when the group is even, else Simple. A backend chooses once, when it is built, through an
+// AttnKernelConfig (below); a launch reads no environment.
 // WgmmaNoPingpong: Wgmma without the pingpong (kept to measure it).
 // WgmmaPersistent: WgmmaOverlap with one CTA per SM taking (query tile, head pair) items from a device counter, with
 // direct stores (its launches on one device must not run concurrently on two streams); slower than
@@ -67,14 +66,29 @@ struct HybridAttnParams {
   const KVHeadMeta* meta = nullptr;    // [Hkv] device array
   XAttnBlockLists xattn;
   AttnKernel kernel = AttnKernel::Auto;
+  int opts = -1;  // wgmma kernels' option bits (1 adjacent pairs, 2 bulk stores, 4 two static items per persistent
+                  // CTA), 0..7; -1: the kernel's defaults (Wgmma and NoPingpong 0, the overlap and persistent ones 3)
 };
 
 // One launch for all heads of a layer. Throws std::invalid_argument on bad shapes (naming the field).
 void hybrid_attention_fwd(const HybridAttnParams& p, cudaStream_t stream);
-// What Auto runs for an even GQA group under the current environment (ELASTIC_ATTN_KERNEL, ELASTIC_ATTN_OPTS), e.g.
-// "overlap (adjacent pairs, bulk stores)", so logs and saved bench tables name the kernel they measured. Throws
-// std::invalid_argument on a bad variable, as a launch would.
-std::string describe_attention_auto();
+
+// The prefill attention kernel a backend runs, chosen once when it is built (GpuOptions::attention) and logged with
+// its allocation plan, so a captured graph or a saved bench table runs and names what was configured.
+struct AttnKernelConfig {
+  AttnKernel kernel = AttnKernel::Auto;  // for even GQA groups; odd groups run Simple (a wgmma kernel needs pairs)
+  int opts = -1;                         // HybridAttnParams::opts
+};
+// What ELASTIC_ATTN_KERNEL (auto, simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong) and
+// ELASTIC_ATTN_OPTS (0..7) name, read now: unset means Auto and the defaults. Throws std::invalid_argument naming the
+// variable and the accepted values on a bad one.
+AttnKernelConfig attention_config_from_env();
+// A kernel by the names above (bench --attn-kernel); throws std::invalid_argument naming the value.
+AttnKernel attention_kernel_by_name(const std::string& name);
+// Sets p.kernel and p.opts to what c runs for p's GQA shape (p.n_heads, p.n_kv_heads set).
+void apply_attention_config(const AttnKernelConfig& c, HybridAttnParams& p);
+// What c runs for an even GQA group, e.g. "overlap (adjacent pairs, bulk stores)".
+std::string describe_attention(const AttnKernelConfig& c);
 
 // Host helper: device metadata values for one KV head (sink / local in tokens, rounded up to blocks).
 KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block);

@@ -13,15 +13,20 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "elastic/cuda_attention.h"
 #include "elastic/generate.h"
 #include "elastic/model.h"
 
 namespace elastic::cuda {
 
 struct GpuOptions {
+  // Prefill attention kernel (cuda_attention.h), fixed for the model's life; unset: attention_config_from_env() when
+  // the model is built. Printed with the plan.
+  std::optional<AttnKernelConfig> attention;
   int max_ctx = 8192;   // positions reserved per sequence (prompt + generated tokens)
   int chunk = 16384;    // prefill chunk; a multiple of the sparse block size when XAttention heads run
   bool graphs = true;   // decode through a CUDA graph
@@ -32,6 +37,7 @@ struct GpuOptions {
 // at max_ctx; a routed prompt holds only the pages its heads keep (GpuPrefillStats::kv_bytes).
 struct GpuPlan {
   size_t weights = 0, kv_full = 0, prefill_kv = 0, activations = 0, xattn = 0, workspace = 0;
+  std::string kernels;  // what the model runs: "attention overlap (...); decode paged (...)"
   size_t total() const { return weights + kv_full + prefill_kv + activations + xattn + workspace; }
   std::string describe() const;
 };

@@ -1,7 +1,8 @@
 // Fused block-sparse (hybrid) attention forward, one launch per layer for all heads. Two kernels compute the same
 // function: "Simple" (below, any GQA group) and "Wgmma" (further down, Hopper-only, even GQA groups, with its
-// variants: no pingpong, intra-warpgroup overlap, persistent); Auto picks the overlap variant when it applies, and
-// ELASTIC_ATTN_KERNEL / ELASTIC_ATTN_OPTS override that (hybrid_attention_fwd at the end of the file).
+// variants: no pingpong, intra-warpgroup overlap, persistent); Auto picks the overlap variant when it applies, and a
+// backend's AttnKernelConfig (read once from ELASTIC_ATTN_KERNEL / ELASTIC_ATTN_OPTS when it is built) overrides that
+// (attention_config_from_env and hybrid_attention_fwd at the end of the file; no launch reads the environment).
 //
 // Kernel "Simple" (FlashAttention-2 style, sm_80+ instructions, built for sm_90a):
 //   CTA = 4 warps = 64 query rows of one query head (16 rows per warp), aligned to absolute positions so a tile
@@ -776,21 +777,10 @@ int* persistent_counters(cudaStream_t stream) {
   return counters[dev];
 }
 
-// The wgmma kernel's options: v4 (Wgmma, NoPingpong) keeps even pairs and direct stores, the path the whole-model
-// GPU tests pass with; the overlap and persistent variants take adjacent pairs (and the overlap one bulk stores).
-// ELASTIC_ATTN_OPTS=<bits> replaces the defaults, to bisect a whole-model difference without rebuilding.
-int wgmma_opts(bool newer) {
-  const char* e = std::getenv("ELASTIC_ATTN_OPTS");
-  if (e && *e) {
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    if (*end != '\0' || v < 0 || v > 7)
-      throw std::invalid_argument(std::string("ELASTIC_ATTN_OPTS must be 0..7 (1 adjacent pairs, 2 bulk stores, 4 two "
-                                              "static items per persistent CTA), got '") + e + "'");
-    return static_cast<int>(v);
-  }
-  return newer ? kOptAdjacentPairs | kOptBulkStore : 0;
-}
+// The wgmma kernel's default options: v4 (Wgmma, NoPingpong) keeps even pairs and direct stores, the path the
+// whole-model GPU tests pass with; the overlap and persistent variants take adjacent pairs (and the overlap one bulk
+// stores). HybridAttnParams::opts (from AttnKernelConfig, e.g. ELASTIC_ATTN_OPTS) replaces them.
+int default_wgmma_opts(bool newer) { return newer ? kOptAdjacentPairs | kOptBulkStore : 0; }
 
 template <int HD, bool kPingpong, bool kPersistent, bool kOverlap = false>
 void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
@@ -807,7 +797,7 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
   const CUtensorMap mo = make_map(p.out, HD, p.n_heads, p.T);  // same shape as q: the epilogue's bulk stores
   const int qt0 = p.pos0 / kBM, qt1 = (p.pos0 + p.T - 1) / kBM, n_qtiles = qt1 - qt0 + 1;
   const float scale_log2 = 1.f / std::sqrt(static_cast<float>(HD)) * 1.4426950408889634f;
-  const int opts = wgmma_opts(kOverlap || kPersistent);
+  const int opts = p.opts >= 0 ? p.opts : default_wgmma_opts(kOverlap || kPersistent);
   dim3 grid(n_qtiles, p.n_heads / 2);
   // Persistent: one CTA per SM (the kernel's shared memory allows one), never more than the work items; with
   // kOptStaticItems ceil(items / 2) CTAs, each taking at most two.
@@ -837,7 +827,7 @@ KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block) {
   return m;
 }
 
-// ELASTIC_ATTN_KERNEL's names, also the names describe_attention_auto logs.
+// ELASTIC_ATTN_KERNEL's names, also the names describe_attention logs.
 constexpr Choice<AttnKernel> kKernelNames[] = {{"auto", AttnKernel::Auto},
                                                {"simple", AttnKernel::Simple},
                                                {"wgmma", AttnKernel::Wgmma},
@@ -848,17 +838,44 @@ constexpr Choice<AttnKernel> kKernelNames[] = {{"auto", AttnKernel::Auto},
 // What Auto runs where the group is even (an odd group always runs Simple).
 constexpr AttnKernel kAutoEvenGroup = AttnKernel::WgmmaOverlap;
 
-// ELASTIC_ATTN_KERNEL (auto, simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong) replaces what Auto
-// picks, to compare or rule out a kernel inside a whole model without rebuilding; an unknown value is an error.
-AttnKernel auto_override() { return env_choice("ELASTIC_ATTN_KERNEL", kKernelNames, AttnKernel::Auto); }
+AttnKernelConfig attention_config_from_env() {
+  AttnKernelConfig c;
+  c.kernel = env_choice("ELASTIC_ATTN_KERNEL", kKernelNames, AttnKernel::Auto);
+  const char* e = std::getenv("ELASTIC_ATTN_OPTS");
+  if (e && *e) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (*end != '\0' || v < 0 || v > 7)
+      throw std::invalid_argument(std::string("ELASTIC_ATTN_OPTS must be 0..7 (1 adjacent pairs, 2 bulk stores, 4 two "
+                                              "static items per persistent CTA), got '") + e + "'");
+    c.opts = static_cast<int>(v);
+  }
+  return c;
+}
 
-std::string describe_attention_auto() {
-  AttnKernel k = auto_override();
-  if (k == AttnKernel::Auto) k = kAutoEvenGroup;
+AttnKernel attention_kernel_by_name(const std::string& name) {
+  std::string names;
+  for (const auto& k : kKernelNames) {
+    if (name == k.first) return k.second;
+    names += std::string(names.empty() ? "" : ", ") + k.first;
+  }
+  throw std::invalid_argument("unknown attention kernel '" + name + "' (one of " + names + ")");
+}
+
+void apply_attention_config(const AttnKernelConfig& c, HybridAttnParams& p) {
+  const bool even = p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0 && (p.n_heads / p.n_kv_heads) % 2 == 0;
+  p.kernel = c.kernel == AttnKernel::Simple || even ? c.kernel : AttnKernel::Auto;  // a wgmma kernel needs pairs
+  p.opts = c.opts;
+}
+
+std::string describe_attention(const AttnKernelConfig& c) {
+  const AttnKernel k = c.kernel == AttnKernel::Auto ? kAutoEvenGroup : c.kernel;
   const char* name = choice_name(kKernelNames, k);
   if (k == AttnKernel::Simple) return name;
   const bool persistent = k == AttnKernel::WgmmaPersistent;
-  const int opts = wgmma_opts(persistent || k == AttnKernel::WgmmaOverlap || k == AttnKernel::WgmmaOverlapNoPingpong);
+  const int opts = c.opts >= 0 ? c.opts
+                               : default_wgmma_opts(persistent || k == AttnKernel::WgmmaOverlap ||
+                                                    k == AttnKernel::WgmmaOverlapNoPingpong);
   return std::string(name) + " (" + ((opts & kOptAdjacentPairs) ? "adjacent" : "even") + " pairs, " +
          ((opts & kOptBulkStore) && !persistent ? "bulk" : "direct") + " stores" +
          (persistent && (opts & kOptStaticItems) ? ", up to 2 static items per CTA" : "") + ")";
@@ -866,11 +883,7 @@ std::string describe_attention_auto() {
 
 void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
   HybridAttnParams p = p_in;
-  if (p.kernel == AttnKernel::Auto) {  // a wgmma kernel named in ELASTIC_ATTN_KERNEL applies to even groups only
-    const AttnKernel k = auto_override();
-    const bool even = p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0 && (p.n_heads / p.n_kv_heads) % 2 == 0;
-    if (k == AttnKernel::Simple || even) p.kernel = k;
-  }
+  if (p.opts < -1 || p.opts > 7) bad("opts must be -1 (defaults) or 0..7 (got " + std::to_string(p.opts) + ")");
   if (!p.q || !p.k || !p.v || !p.out || !p.meta) bad("null q, k, v, out or meta");
   if (p.T <= 0) bad("T must be > 0 (got " + std::to_string(p.T) + ")");
   if (p.pos0 < 0) bad("pos0 must be >= 0");

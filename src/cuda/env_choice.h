@@ -1,7 +1,8 @@
 #pragma once
 // A variant chosen by an environment variable (ELASTIC_ATTN_KERNEL, ELASTIC_DECODE_LOADS, ...): the value named by
 // the variable, `unset` when it is unset or empty; any other value throws std::invalid_argument naming the variable
-// and the accepted values. Read at each call, so a test or a graph capture sees the setting in force at that time.
+// and the accepted values. Callers read it once, when a backend is built (attention_config_from_env), or in the dev
+// area's variants (dev/cuda/).
 // The same name table serves choice_name, so logs name a variant exactly as the variable spells it.
 #include <cstddef>
 #include <cstdlib>

@@ -244,6 +244,7 @@ void GpuModel::prefill(const int32_t* ids_h, int T, const RoutingTable* fixed, c
       ap.block = sp.block;
       ap.meta = meta_l;
       ap.xattn = lists;
+      apply_attention_config(*m.o.attention, ap);
       hybrid_attention_fwd(ap, st);
       ELASTIC_CUDA_CHECK(cudaEventRecord(ev.b, st));
 

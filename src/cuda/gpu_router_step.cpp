@@ -335,6 +335,7 @@ class GpuRouterTrainer {
     ap.block = spec_.sparse.block;
     ap.meta = meta.as<KVHeadMeta>();
     ap.xattn = lists();
+    apply_attention_config(*m_.o.attention, ap);
     hybrid_attention_fwd(ap, m_.stream);
   }
 

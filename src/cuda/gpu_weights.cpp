@@ -67,6 +67,7 @@ std::string GpuPlan::describe() const {
   s << "gpu plan: weights " << gib(weights) << " | kv page pool (all full) " << gib(kv_full) << " | prefill k/v "
     << gib(prefill_kv) << " | activations " << gib(activations) << " | xattn lists " << gib(xattn)
     << " | workspace " << gib(workspace) << " | total " << gib(total());
+  if (!kernels.empty()) s << "\nkernels: " << kernels;
   return s.str();
 }
 
@@ -100,6 +101,8 @@ void GpuModel::Impl::init_common() {
   const int64_t n_pages = int64_t(c.n_layers) * Hkv * pages_per_head;
   plan.kv_full = size_t(n_pages) * kPageSize * hd * 2 * 2;  // the page pool: every head full at max_ctx
   target_units = paged_target_units();
+  if (!o.attention) o.attention = attention_config_from_env();  // read once: no launch reads the environment
+  plan.kernels = "attention " + describe_attention(*o.attention) + "; decode " + describe_paged_decode();
   max_units = paged_max_units(int64_t(Hkv) * pages_per_head * kPageSize, Hkv, target_units);
   const size_t dec_ws = size_t(paged_decode_workspace_floats(max_units, Hq / Hkv, hd)) * 4;
   const size_t step_bytes = 16 + size_t(c.n_layers) * Hkv * (sizeof(PagedDecodeHead) + sizeof(int64_t));

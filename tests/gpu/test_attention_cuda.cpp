@@ -55,7 +55,7 @@ const char* kernel_name(cuda::AttnKernel k) {
 
 // Draws one prefill case's inputs, computes the CPU reference once, then runs each kernel of `kernels` on the same
 // inputs (outputs poisoned before every launch) and compares out and lse.
-void run_prefill_case_with(const Case& c, std::initializer_list<cuda::AttnKernel> kernels) {
+void run_prefill_case_with(const Case& c, std::initializer_list<cuda::AttnKernel> kernels, int opts = -1) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   SEEDED_RNG(rng);
   const int n_pos = c.pos0 + c.T, hd = c.hd, B = c.block, nb = (n_pos + B - 1) / B, group = c.Hq / c.Hkv;
@@ -172,6 +172,7 @@ void run_prefill_case_with(const Case& c, std::initializer_list<cuda::AttnKernel
     dout.up(std::vector<uint16_t>(dout.n, kNaNBf16));
     dlse.up(std::vector<float>(dlse.n, NAN));
     p.kernel = kernel;
+    p.opts = opts;
     cuda::hybrid_attention_fwd(p, nullptr);
     ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
     const auto all = dout.down();
@@ -305,28 +306,41 @@ void expect_env_error(const char* var, const char* value, F&& run) {
 }
 }  // namespace
 
-// The descriptions bench prints name what Auto resolves to, defaults and overrides alike (host only, no GPU).
-TEST(CudaHybridAttention, DescribesWhatAutoRuns) {
+// The descriptions a model prints with its plan name what a configuration runs; the environment is read only by
+// attention_config_from_env (host only, no GPU).
+TEST(CudaHybridAttention, DescribesWhatAConfigurationRuns) {
+  using K = cuda::AttnKernel;
+  EXPECT_EQ(cuda::describe_attention({}), "overlap (adjacent pairs, bulk stores)");
+  EXPECT_EQ(cuda::describe_attention({K::Wgmma, -1}), "wgmma (even pairs, direct stores)");
+  EXPECT_EQ(cuda::describe_attention({K::WgmmaPersistent, 3}), "persistent (adjacent pairs, direct stores)");
+  EXPECT_EQ(cuda::describe_attention({K::WgmmaPersistent, 5}),
+            "persistent (adjacent pairs, direct stores, up to 2 static items per CTA)");
+  EXPECT_EQ(cuda::describe_attention({K::Simple, -1}), "simple");
   {
     EnvGuard k("ELASTIC_ATTN_KERNEL", ""), o("ELASTIC_ATTN_OPTS", "");
-    EXPECT_EQ(cuda::describe_attention_auto(), "overlap (adjacent pairs, bulk stores)");
-  }
-  {
-    EnvGuard k("ELASTIC_ATTN_KERNEL", "wgmma"), o("ELASTIC_ATTN_OPTS", "");
-    EXPECT_EQ(cuda::describe_attention_auto(), "wgmma (even pairs, direct stores)");
-  }
-  {
-    EnvGuard k("ELASTIC_ATTN_KERNEL", "persistent"), o("ELASTIC_ATTN_OPTS", "3");
-    EXPECT_EQ(cuda::describe_attention_auto(), "persistent (adjacent pairs, direct stores)");
+    const cuda::AttnKernelConfig c = cuda::attention_config_from_env();
+    EXPECT_EQ(c.kernel, K::Auto);
+    EXPECT_EQ(c.opts, -1);
   }
   {
     EnvGuard k("ELASTIC_ATTN_KERNEL", "persistent"), o("ELASTIC_ATTN_OPTS", "5");
-    EXPECT_EQ(cuda::describe_attention_auto(), "persistent (adjacent pairs, direct stores, up to 2 static items per CTA)");
+    const cuda::AttnKernelConfig c = cuda::attention_config_from_env();
+    EXPECT_EQ(c.kernel, K::WgmmaPersistent);
+    EXPECT_EQ(c.opts, 5);
   }
-  {
-    EnvGuard k("ELASTIC_ATTN_KERNEL", "simple");
-    EXPECT_EQ(cuda::describe_attention_auto(), "simple");
-  }
+  EXPECT_EQ(cuda::attention_kernel_by_name("nopingpong"), K::WgmmaNoPingpong);
+  EXPECT_THROW(cuda::attention_kernel_by_name("fastest"), std::invalid_argument);
+  // A configured wgmma kernel applies to even groups; an odd group runs Auto (Simple) instead.
+  cuda::HybridAttnParams p;
+  p.n_heads = 8, p.n_kv_heads = 2;
+  cuda::apply_attention_config({K::Wgmma, 1}, p);
+  EXPECT_EQ(p.kernel, K::Wgmma);
+  EXPECT_EQ(p.opts, 1);
+  p.n_heads = 6;
+  cuda::apply_attention_config({K::Wgmma, 1}, p);
+  EXPECT_EQ(p.kernel, K::Auto);
+  cuda::apply_attention_config({K::Simple, -1}, p);
+  EXPECT_EQ(p.kernel, K::Simple);
   {
     EnvGuard l("ELASTIC_DECODE_LOADS", ""), c("ELASTIC_DECODE_COMBINE", "");
     EnvGuard sp("ELASTIC_DECODE_SPLIT", "");
@@ -338,31 +352,38 @@ TEST(CudaHybridAttention, DescribesWhatAutoRuns) {
     EXPECT_EQ(cuda::describe_decode_auto(), "loads staged, merge serial, split 64");
   }
   expect_env_error("ELASTIC_DECODE_SPLIT", "32", [] { cuda::describe_decode_auto(); });
-  expect_env_error("ELASTIC_ATTN_KERNEL", "fastest", [] { cuda::describe_attention_auto(); });
+  expect_env_error("ELASTIC_ATTN_KERNEL", "fastest", [] { cuda::attention_config_from_env(); });
   EnvGuard k("ELASTIC_ATTN_KERNEL", "overlap");
-  expect_env_error("ELASTIC_ATTN_OPTS", "8", [] { cuda::describe_attention_auto(); });
+  expect_env_error("ELASTIC_ATTN_OPTS", "8", [] { cuda::attention_config_from_env(); });
 }
 
-// ELASTIC_ATTN_OPTS bit 2: the persistent kernel with two static items per CTA, then the default dynamic one on the
-// same case (which finds its work counter still at zero, or skips items and leaves NaN rows).
+// Option bit 2: the persistent kernel with two static items per CTA, then the default dynamic one on the same case
+// (which finds its work counter still at zero, or skips items and leaves NaN rows).
 TEST(CudaHybridAttention, PersistentStaticItemsThenDynamic) {
   const Case c{1000, 0, 16, 8, 64, 64, 128, 256, {F, S, F, X, S, F, X, F}, 2.f};
   using K = cuda::AttnKernel;
-  {
-    EnvGuard o("ELASTIC_ATTN_OPTS", "5");
-    run_prefill_case_with(c, {K::WgmmaPersistent});
-  }
+  run_prefill_case_with(c, {K::WgmmaPersistent}, 5);
   run_prefill_case_with(c, {K::WgmmaPersistent});
 }
 
-// ELASTIC_ATTN_KERNEL replaces what Auto picks; an unknown name is an error that names the variable (thrown before
-// any launch, so this needs no GPU).
-TEST(CudaHybridAttention, UnknownKernelInEnvironmentIsAnError) {
+// A launch reads no environment: an unknown ELASTIC_ATTN_KERNEL changes nothing there (attention_config_from_env,
+// above, is where it is an error); bad options are refused by name before any launch (no GPU needed).
+TEST(CudaHybridAttention, LaunchesReadNoEnvironment) {
   cuda::HybridAttnParams p;
-  // The variable is restored afterwards: a suite run under ELASTIC_ATTN_KERNEL=<kernel> keeps it for later tests.
-  expect_env_error("ELASTIC_ATTN_KERNEL", "fastest", [&] { cuda::hybrid_attention_fwd(p, nullptr); });
-  EnvGuard env("ELASTIC_ATTN_KERNEL", "auto");
-  EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);  // then the null pointers
+  EnvGuard env("ELASTIC_ATTN_KERNEL", "fastest");
+  EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);  // the null pointers, not the variable
+  try {
+    cuda::hybrid_attention_fwd(p, nullptr);
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).find("ELASTIC_ATTN_KERNEL"), std::string::npos) << e.what();
+  }
+  p.opts = 9;
+  try {
+    cuda::hybrid_attention_fwd(p, nullptr);
+    ADD_FAILURE() << "opts 9 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("opts"), std::string::npos) << e.what();
+  }
 }
 
 // GPU estimation vs xattn_select: block masses and selected masks, then attention with the GPU lists.
