@@ -27,7 +27,9 @@ std::vector<int32_t> generate(GpuModel& g, const std::vector<int32_t>& prompt, i
     out.push_back(id);
     if (on_token) on_token(id);
     if (stop_at_eos && std::find(c.eos_ids.begin(), c.eos_ids.end(), id) != c.eos_ids.end()) break;
-    if (i + 1 == n_new) break;
+    // A full sequence stops as the CPU's generate does (the last token is returned, not fed), instead of the
+    // decode step refusing mid-stream.
+    if (i + 1 == n_new || g.length() >= g.max_ctx()) break;
     const int32_t next = g.decode(id, greedy ? nullptr : &logits);
     ++fed;
     id = greedy ? next : sampler.sample(logits.data(), c.vocab);

@@ -182,6 +182,27 @@ TEST_P(GpuModelTest, GenerateFiguresMatchCpu) {
   EXPECT_NEAR(gpu.routing.msr(), cpu.routing.msr(), 1e-12);
 }
 
+// At the context limit both devices stop the same way: the GPU model's max_ctx plays the CPU's -c, and generate
+// returns as many tokens as the CPU's instead of a decode step refusing mid-stream.
+TEST_P(GpuModelTest, GenerateStopsAtTheContextLikeCpu) {
+  SKIP_WITHOUT_GPU();
+  TRACED_SEED(seed);
+  Model m = make_model(GetParam(), seed);
+  std::mt19937_64 rng(seed);
+  const auto ids = random_ids(100, m.config.vocab, rng);
+  cuda::GpuOptions o;
+  o.max_ctx = 105;  // -c 105: room for 5 fed tokens after the prompt
+  o.chunk = 64;
+  auto g = cuda::GpuModel::upload(m, o);
+  GenerateStats cpu, gpu;
+  const auto a = generate(m, ids, 20, 105, SamplerParams{}, false, &cpu);
+  std::vector<int32_t> b;
+  ASSERT_NO_THROW(b = cuda::generate(*g, ids, 20, nullptr, nullptr, SamplerParams{}, false, &gpu));
+  EXPECT_EQ(a.size(), 6u);
+  EXPECT_EQ(b.size(), a.size());
+  EXPECT_EQ(g->length(), 105);
+}
+
 TEST_P(GpuModelTest, RouterDecidesLikeCpu) {
   SKIP_WITHOUT_GPU();
   TRACED_SEED(seed);
