@@ -10,6 +10,8 @@
 # SKIP_MEMCHECK, TOOLS (compute-sanitizer tools, default memcheck), TOOL_KERNEL (overlap), TOOL_FILTER,
 # MEMCHECK_TIMEOUT (200 per tool).
 # Output: $OUT/suite_<kernel>_<opts>.txt, $OUT/<tool>_router.txt, one summary line per run on stdout.
+# The variables reach the tests that build a GpuModel (read once there, attention_config_from_env); the kernel-level
+# tests name their kernels and options in HybridAttnParams.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}

@@ -92,6 +92,7 @@ class GpuModel {
   GpuDecodeParts decode_parts(int32_t id, int32_t* next = nullptr);
   int length() const;
   int max_ctx() const;  // positions a sequence may hold (GpuOptions::max_ctx)
+  size_t kv_bytes() const;  // K and V bytes of the pages the current sequence holds now (they grow as it decodes)
   const RoutingTable& routing() const;  // the current sequence's routing
 
   struct Impl;

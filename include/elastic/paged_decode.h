@@ -20,7 +20,10 @@ struct PagedDecodeHead {  // one (sequence, KV head), sequence-major: index = se
   int32_t unit_begin, unit_end;  // its units in PagedDecodePlan::units (merged into its query heads' outputs)
 };
 
-struct PagedDecodeUnit {  // one warp's work: keys [key_begin, key_end) of one head's kept list
+// One warp's work: keys [key_begin, key_end) of one head's kept list. Keys past the head's `kept` are not read, so a
+// unit list cut for a larger capacity serves every step whose heads keep fewer positions (a unit left with no keys
+// contributes nothing to the merge).
+struct PagedDecodeUnit {
   int32_t head;           // index into PagedDecodePlan::heads
   int32_t key_begin, key_end;
 };
@@ -58,9 +61,6 @@ ELASTIC_HOST_DEVICE inline int paged_max_units(int64_t max_total_keys, int n_hea
   const int64_t by_min = (max_total_keys + 63) / 64, cut = t > by_clamp ? t : by_clamp;
   return static_cast<int>((cut < by_min ? cut : by_min) + n_heads);
 }
-
-// A unit's keys past its head's `kept` are not read: a unit list cut for a larger capacity serves every step whose
-// heads keep fewer positions (a unit left with no keys contributes nothing to the merge).
 
 // heads: [n_seqs * n_kv_heads] (sequence-major) page lists of one layer, each with kept >= 1. keys_per_unit: a
 // positive multiple of kPagedTile. Throws std::invalid_argument otherwise.

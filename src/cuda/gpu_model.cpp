@@ -75,9 +75,11 @@ void GpuModel::Impl::upload_tables() {
 
 void GpuModel::Impl::prepare_step(int32_t id) {
   const int Hkv = c.n_kv_heads, n = length;
-  // The previous step has finished (decode waits for it), so pages that left a window can be handed out again.
+  // The previous step has finished (decode waits for it), so pages that left a window can be handed out again; a
+  // block leaves a window only when a new block starts. A step retried after a failure finds its pages grown.
   for (int l = 0; l < c.n_layers; ++l) {
-    seq[l]->release_unused();
+    if (seq[l]->length() == n + 1) continue;
+    if (n % seq[l]->routing().sparse.block == 0) seq[l]->release_unused();
     seq[l]->grow(n + 1);
   }
   if (n % kPageSize == 0) tables_dirty = true;  // a new page per head; a streaming head's window moved a block
@@ -288,8 +290,7 @@ void GpuModel::prefill(const int32_t* ids_h, int T, const RoutingTable* fixed, c
   if (stats) {
     stats->total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
     stats->attention_ms = attn_ms;
-    stats->kv_bytes = 0;
-    for (const auto& sq : m.seq) stats->kv_bytes += size_t(sq->pages_held()) * Impl::kPageSize * hd * 2 * 2;
+    stats->kv_bytes = kv_bytes();
   }
 }
 
@@ -370,8 +371,9 @@ void GpuModel::Impl::decode_body() {
 
 void GpuModel::Impl::mark(Part p) {
   if (!part_marks) return;
-  cudaEvent_t e = nullptr;
-  ELASTIC_CUDA_CHECK(cudaEventCreate(&e));
+  // Events come from part_events, made before the step, so no host call sits between two launches but the record.
+  if (part_marks->size() >= part_events.size()) throw std::logic_error("decode_parts: more parts than events");
+  const cudaEvent_t e = part_events[part_marks->size()];
   part_marks->emplace_back(p, e);
   ELASTIC_CUDA_CHECK(cudaEventRecord(e, stream));
 }
@@ -443,6 +445,8 @@ std::vector<std::vector<float>> GpuModel::last_row_attention(const std::vector<i
 GpuDecodeParts GpuModel::decode_parts(int32_t id, int32_t* next) {
   Impl& m = *impl_;
   std::vector<std::pair<Impl::Part, cudaEvent_t>> marks;
+  m.part_events.assign(size_t(8) * m.c.n_layers + 8, nullptr);  // 7 marks per layer and 4 around them
+  for (cudaEvent_t& e : m.part_events) ELASTIC_CUDA_CHECK(cudaEventCreate(&e));
   m.part_marks = &marks;
   GpuDecodeParts parts;
   try {
@@ -457,11 +461,13 @@ GpuDecodeParts GpuModel::decode_parts(int32_t id, int32_t* next) {
     }
   } catch (...) {
     m.part_marks = nullptr;
-    for (auto& e : marks) cudaEventDestroy(e.second);
+    for (cudaEvent_t e : m.part_events) cudaEventDestroy(e);
+    m.part_events.clear();
     throw;
   }
   m.part_marks = nullptr;
-  for (auto& e : marks) cudaEventDestroy(e.second);
+  for (cudaEvent_t e : m.part_events) cudaEventDestroy(e);
+  m.part_events.clear();
   return parts;
 }
 

@@ -94,6 +94,7 @@ struct GpuModel::Impl {
   // decode_parts: events recorded after each part of one uncaptured step (part index, event), in order.
   enum Part { kEmbedPlan, kNorms, kQkv, kQkvPost, kAttention, kOProj, kMlp, kLogits };
   std::vector<std::pair<Part, cudaEvent_t>>* part_marks = nullptr;
+  std::vector<cudaEvent_t> part_events;     // made before the timed step, used in order by mark()
   void mark(Part p);                        // records an event for part p when part_marks is set
 
   ~Impl();

@@ -13,19 +13,16 @@ class GpuSequenceBackend : public SequenceBackend {
   explicit GpuSequenceBackend(GpuModel& g) : g_(g) {}
   void prefill(const std::vector<int32_t>& prompt, const RoutingTable* routing, const PromptRouter* router,
                std::vector<float>& logits, RoutingTable& used) override {
-    GpuPrefillStats st;
-    g_.prefill(prompt.data(), static_cast<int>(prompt.size()), routing, router, &logits, false, &st);
+    g_.prefill(prompt.data(), static_cast<int>(prompt.size()), routing, router, &logits, false);
     used = g_.routing();
-    kv_bytes_ = st.kv_bytes;
   }
   void decode(int32_t id, std::vector<float>& logits) override { g_.decode(id, &logits); }
   std::string name() const override { return "cuda"; }
   int capacity() const override { return g_.max_ctx(); }
-  size_t kv_bytes() const override { return kv_bytes_; }
+  size_t kv_bytes() const override { return g_.kv_bytes(); }  // live: pages grow as the sequence decodes
 
  private:
   GpuModel& g_;
-  size_t kv_bytes_ = 0;
 };
 
 }  // namespace

@@ -102,7 +102,11 @@ void GpuModel::Impl::init_common() {
   plan.kv_full = size_t(n_pages) * kPageSize * hd * 2 * 2;  // the page pool: every head full at max_ctx
   target_units = paged_target_units();
   if (!o.attention) o.attention = attention_config_from_env();  // read once: no launch reads the environment
-  plan.kernels = "attention " + describe_attention(*o.attention) + "; decode " + describe_paged_decode();
+  const bool even_group = (Hq / Hkv) % 2 == 0;  // the wgmma kernels need pairs of query heads
+  plan.kernels = "attention " +
+                 (even_group || o.attention->kernel == AttnKernel::Simple ? describe_attention(*o.attention)
+                                                                           : std::string("simple (odd query-head group)")) +
+                 "; decode " + describe_paged_decode();
   max_units = paged_max_units(int64_t(Hkv) * pages_per_head * kPageSize, Hkv, target_units);
   const size_t dec_ws = size_t(paged_decode_workspace_floats(max_units, Hq / Hkv, hd)) * 4;
   const size_t step_bytes = 16 + size_t(c.n_layers) * Hkv * (sizeof(PagedDecodeHead) + sizeof(int64_t));
@@ -171,6 +175,11 @@ const ModelConfig& GpuModel::config() const { return impl_->c; }
 const GpuPlan& GpuModel::plan() const { return impl_->plan; }
 int GpuModel::length() const { return impl_->length; }
 int GpuModel::max_ctx() const { return impl_->o.max_ctx; }
+size_t GpuModel::kv_bytes() const {
+  size_t pages = 0;
+  for (const auto& sq : impl_->seq) pages += sq ? size_t(sq->pages_held()) : 0;
+  return pages * Impl::kPageSize * impl_->c.head_dim * 2 * 2;
+}
 const RoutingTable& GpuModel::routing() const { return impl_->routing; }
 
 std::unique_ptr<GpuModel> GpuModel::upload(const Model& m, const GpuOptions& o) {

@@ -186,7 +186,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge(const Pag
       x[2 * i] = v.x, x[2 * i + 1] = v.y;
     }
     const float mu = w[HD], lu = w[HD + 1];
-    if (mu == -INFINITY) continue;  // a unit with no kept keys
+    // A unit with no kept keys (max -inf, sum 0) adds nothing; one whose keys were all NaN (max -inf, sum NaN) is
+    // folded in, so the output is NaN rather than a sum without it.
+    if (mu == -INFINITY && lu == 0.f) continue;
     const float mn = fmaxf(m, mu);
     const float a = exp2f(m - mn), b = exp2f(mu - mn);
     l = l * a + lu * b;
