@@ -88,6 +88,8 @@ expect_fail "--log2-x needs x > 0" $BIN plot $TMP/zero.csv -o $TMP/z.svg --y-lab
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
 expect_fail "--attn-kernel" $BIN bench --device cuda --attn-kernel fastest
 expect_fail "--device" $BIN train-router -m $FX/qwen3_tiny --device tpu
+expect_fail "--config" $BIN train-router -m $FX/qwen3_tiny --config xa-xa
+expect_fail "give --config or --sparse-mode, not both" $BIN train-router -m $FX/qwen3_tiny --config xa-ssa --sparse-mode ssa --steps 1
 expect_fail "leaves no room for the answer" $BIN train-router -m $FX/qwen3_tiny --max-len 256 --builtin-len 100,250
 expect_cuda_fail "head_dim 32 is not supported" $BIN train-router -m $FX/qwen3_tiny --device cuda --steps 1 --batch 1 \
   --max-len 64 --builtin-samples 2 --sink 0 --local 32 --block 64 -o $TMP/r.safetensors --log $TMP/t.jsonl

@@ -184,7 +184,8 @@ TEST(RouterGrad, AdamWSkipsInactiveElements) {
 }
 
 // The whole router gradient through a fixture model: soft gates (the hard gate is a step function), fixed noise.
-void whole_router_check(const std::string& fixture, HeadMode sparse_mode, bool sigmoid) {
+void whole_router_check(const std::string& fixture, HeadMode sparse_mode, bool sigmoid,
+                        HeadMode dense_mode = HeadMode::Full) {
   Model m = Model::load(std::string(ELASTIC_FIXTURE_DIR) + "/" + fixture);
   RouterSpec spec;
   spec.n_layers = m.config.n_layers;
@@ -193,6 +194,7 @@ void whole_router_check(const std::string& fixture, HeadMode sparse_mode, bool s
   spec.pool_first = 10;
   spec.pool_last = 10;
   spec.sigmoid = sigmoid;
+  spec.dense_mode = dense_mode;
   spec.sparse_mode = sparse_mode;
   spec.sparse.block = 16;
   spec.sparse.sink = 16;
@@ -233,6 +235,10 @@ void whole_router_check(const std::string& fixture, HeadMode sparse_mode, bool s
 
 TEST(RouterGrad, WholeRouterQwen3Streaming) { whole_router_check("qwen3_tiny", HeadMode::Streaming, false); }
 TEST(RouterGrad, WholeRouterLlamaXAttnSigmoid) { whole_router_check("llama_tiny", HeadMode::XAttn, true); }
+// XA-SSA: XAttention is the dense class.
+TEST(RouterGrad, WholeRouterLlamaXaSsa) {
+  whole_router_check("llama_tiny", HeadMode::Streaming, false, HeadMode::XAttn);
+}
 
 // The training forward with every gate forced FULL (or every gate sparse) is the inference model under that routing.
 TEST(RouterGrad, TrainingForwardMatchesInference) {
@@ -244,17 +250,23 @@ TEST(RouterGrad, TrainingForwardMatchesInference) {
   spec.sparse.block = 16;
   spec.sparse.sink = 16;
   spec.sparse.local = 32;
-  Router r = Router::init(spec, 1);
+  spec.sparse.xattn.block = 16;
+  spec.sparse.xattn.stride = 4;
   TrainSample s;
   for (int t = 0; t < 100; ++t) s.ids.push_back((t * 37 + 5) % m.config.vocab);
   s.prompt_len = 80;
+  // FA-SSA and XA-SSA: a forced-dense XA-SSA gate is the inference model with every head XAttention, its selection
+  // made over prompt and answer rows alike, as a prefill of the whole sequence makes it.
+  for (const HeadMode dense : {HeadMode::Full, HeadMode::XAttn}) {
+  spec.dense_mode = dense;
+  Router r = Router::init(spec, 1);
   for (double force : {50.0, -50.0}) {
     std::vector<double> noise(spec.n_layers * spec.n_kv_heads, force);
     GateSettings g;
     g.noise = &noise;
     RouterStep<float> step(m, spec, r.params.data());
     auto res = step.forward(s, g);
-    RoutingTable rt = RoutingTable::uniform(spec.n_layers, spec.n_kv_heads, force > 0 ? HeadMode::Full : HeadMode::Streaming);
+    RoutingTable rt = RoutingTable::uniform(spec.n_layers, spec.n_kv_heads, force > 0 ? dense : HeadMode::Streaming);
     rt.sparse = spec.sparse;
     KVCache cache;
     cache.init(m.config, static_cast<int>(s.ids.size()));
@@ -265,7 +277,8 @@ TEST(RouterGrad, TrainingForwardMatchesInference) {
       ce += cross_entropy_row<float>(logits.data() + static_cast<size_t>(t) * m.config.vocab, m.config.vocab,
                                      s.ids[t + 1], 1.f, nullptr);
     ce /= res.n_answer;
-    EXPECT_NEAR(res.lm_loss, ce, 1e-4 * std::abs(ce)) << "force " << force;
+    EXPECT_NEAR(res.lm_loss, ce, 1e-4 * std::abs(ce)) << "force " << force << " dense " << head_mode_name(dense);
     EXPECT_NEAR(res.omega(), force > 0 ? 0.0 : 1.0, 1e-12);
+  }
   }
 }

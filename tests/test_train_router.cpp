@@ -1,5 +1,6 @@
 // Router training: data loading and its errors, schedules, router files, routed prefill, and a tiny model where the
 // right routing is known (found by brute force) and the trained router must find it.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -229,6 +230,71 @@ TEST(RouterInference, RoutedPrefillEqualsPrefillUnderItsRouting) {
   EXPECT_EQ(gs.routing.mode, rc.routing.mode);
 }
 
+// The paper's three configurations: names both ways, kept by the router file, and the dense class decides what a
+// kept head runs. The same router weights under XA-SSA route exactly the heads FA-SSA keeps full to XAttention, and
+// the routed prefill equals the unrouted one under that routing.
+TEST(RouterConfig, ThreeConfigurationsRouteTheirDenseClass) {
+  for (const char* name : {"fa-ssa", "fa-xa", "xa-ssa"}) {
+    HeadMode d = HeadMode::Full, sp = HeadMode::Full;
+    parse_router_config(name, d, sp);
+    EXPECT_EQ(router_config_name(d, sp), name);
+  }
+  HeadMode d, sp;
+  EXPECT_THROW(parse_router_config("xa-xa", d, sp), std::invalid_argument);
+  EXPECT_THROW(router_config_name(HeadMode::Streaming, HeadMode::Full), std::invalid_argument);
+
+  Model m = Model::load(fixture());
+  RouterSpec s = spec_for(m);
+  s.sparse.xattn.block = s.sparse.block;
+  const std::string dir = elastic::testing::temp_dir("router_config");
+  std::vector<int32_t> prompt(100);
+  for (int i = 0; i < 100; ++i) prompt[i] = (i * 53 + 7) % m.config.vocab;
+  // Router weights whose FA-SSA decisions on this prompt are mixed (both classes appear): the first such seed.
+  auto fa_decisions = [&](uint64_t seed) {
+    Model mr = Model::load(fixture());
+    mr.router = std::make_shared<Router>(Router::init(s, seed));
+    KVCache rc;
+    rc.init_deferred(mr.config, 120);
+    std::vector<float> lg;
+    mr.prefill(prompt.data(), 100, 32, rc, lg, false);
+    return rc.routing.mode;
+  };
+  uint64_t seed = 1;
+  for (; seed < 200; ++seed) {
+    const std::vector<HeadMode> md = fa_decisions(seed);
+    if (std::count(md.begin(), md.end(), HeadMode::Full) && std::count(md.begin(), md.end(), HeadMode::Streaming)) break;
+  }
+  ASSERT_LT(seed, 200u) << "no router seed gives mixed decisions on this prompt";
+  std::vector<HeadMode> fa_modes;
+  for (const char* name : {"fa-ssa", "xa-ssa"}) {
+    SCOPED_TRACE(name);
+    parse_router_config(name, s.dense_mode, s.sparse_mode);
+    Router r0 = Router::init(s, seed);  // the same weights for both configurations
+    r0.save(dir + "/" + name + ".safetensors");
+    auto r = std::make_shared<Router>(Router::load(dir + "/" + name + ".safetensors", m.config));
+    EXPECT_EQ(r->spec.dense_mode, s.dense_mode);
+    EXPECT_EQ(r->spec.sparse_mode, s.sparse_mode);
+    Model mr = Model::load(fixture());
+    mr.router = r;
+    KVCache rc;
+    rc.init_deferred(mr.config, 120);
+    std::vector<float> routed, ref;
+    mr.prefill(prompt.data(), 100, 32, rc, routed, true);
+    if (fa_modes.empty()) {
+      fa_modes = rc.routing.mode;
+    } else {
+      for (size_t i = 0; i < fa_modes.size(); ++i)
+        EXPECT_EQ(rc.routing.mode[i], fa_modes[i] == HeadMode::Full ? HeadMode::XAttn : HeadMode::Streaming) << i;
+    }
+    Model plain = Model::load(fixture());
+    KVCache pc;
+    pc.init(plain.config, 120, &rc.routing);
+    plain.prefill(prompt.data(), 100, 32, pc, ref, true);
+    ASSERT_EQ(routed.size(), ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(routed[i], ref[i], 1e-5f * (1 + std::abs(ref[i]))) << i;
+  }
+}
+
 namespace {
 
 // Greedy continuation of `prompt` under a routing (n tokens).
@@ -290,7 +356,11 @@ TEST(RouterFile, SpecBoundsNameTheField) {
   EXPECT_NE(error([](RouterSpec& s) { s.pool_first = s.pool_last = 0; }).find("pooling window is empty"),
             std::string::npos);
   EXPECT_NE(error([](RouterSpec& s) { s.head_dim = 1 << 20; }).find("head_dim"), std::string::npos);
-  EXPECT_NE(error([](RouterSpec& s) { s.sparse_mode = HeadMode::Full; }).find("sparse_mode"), std::string::npos);
+  EXPECT_NE(error([](RouterSpec& s) { s.sparse_mode = HeadMode::Full; }).find("is not one of fa-ssa, fa-xa, xa-ssa"),
+            std::string::npos);
+  EXPECT_NE(error([](RouterSpec& s) { s.dense_mode = HeadMode::Streaming; }).find("dense ssa"), std::string::npos);
+  EXPECT_NE(error([](RouterSpec& s) { s.dense_mode = s.sparse_mode = HeadMode::XAttn; }).find("r.safetensors: router"),
+            std::string::npos);
   RouterSpec s = spec_for(m);
   s.pool_last = big;
   EXPECT_THROW(Router::init(s, 1), std::runtime_error);

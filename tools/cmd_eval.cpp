@@ -100,12 +100,13 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
 
     // Tasks, lengths and folders are checked before any probing, so bad options fail at once.
     check_eval_options(m, t.get(), {method_uniform("full", HeadMode::Full)}, eo);
-    // Trained routers: FA-SSA or FA-XA after each router's sparse mode; a second router of a kind gets its file stem.
+    // Trained routers: router-fa-ssa, -fa-xa or -xa-ssa after each router's configuration; a second router of a kind
+    // gets its file stem.
     std::vector<Method> routers;  // loaded before any probing: a bad router file fails at once
     if (!o->router.empty())
       for (const std::string& path : split_list(o->router)) {
         auto r = std::make_shared<Router>(Router::load(path, m.config));
-        std::string name = r->spec.sparse_mode == HeadMode::XAttn ? "router-fa-xa" : "router-fa-ssa";
+        std::string name = "router-" + router_config_name(r->spec.dense_mode, r->spec.sparse_mode);
         for (const Method& me : routers)
           if (me.name == name) name += ":" + fs::path(path).stem().string();
         routers.push_back(method_router(name, r));

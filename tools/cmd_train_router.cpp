@@ -21,7 +21,7 @@ namespace elastic::cli {
 
 void add_train_router_command(CLI::App& app, Commands& cmds) {
   struct Opts {
-    std::string model, tok, out = "router.safetensors", log = "train_log.jsonl", plots, sparse_mode = "ssa", haystack,
+    std::string model, tok, out = "router.safetensors", log = "train_log.jsonl", plots, sparse_mode, config, haystack,
         device = "cpu";
     std::vector<std::string> data;
     std::vector<std::string> targets;  // class=value overrides
@@ -53,7 +53,11 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--target", o->targets, "Target Omega of a task class, e.g. qa=0.7 (repeatable)");
   sub->add_flag("--no-chat", o->no_chat, "Built-in mix: do not apply the model's chat template (eval applies it)");
   sub->add_flag("--sigmoid", o->sigmoid, "Gumbel-sigmoid gate (1 logit) instead of the 2-class softmax");
-  sub->add_option("--sparse-mode", o->sparse_mode, "What sparse heads run")->check(CLI::IsMember({"ssa", "xattn"}));
+  // The paper's configurations (dense class -> sparse class); --sparse-mode xattn is the older spelling of fa-xa.
+  sub->add_option("--config", o->config, "fa-ssa (default), fa-xa or xa-ssa: what the router's two classes run")
+      ->check(CLI::IsMember({"fa-ssa", "fa-xa", "xa-ssa"}));
+  sub->add_option("--sparse-mode", o->sparse_mode, "What sparse heads run (ssa or xattn; dense heads full)")
+      ->check(CLI::IsMember({"ssa", "xattn"}));
   add_sparse_options(sub, o->to.spec.sparse);
   sub->add_option("--pool", o->to.spec.pool_first, "Boundary pooling: first and last N prompt tokens")
       ->check(in_range(1, kMaxTokens));
@@ -97,7 +101,10 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
     TrainOptions to = o->to;
     to.spec.pool_last = to.spec.pool_first;
     to.spec.sigmoid = o->sigmoid;
-    to.spec.sparse_mode = parse_head_mode(o->sparse_mode);
+    if (!o->config.empty() && !o->sparse_mode.empty())
+      throw std::runtime_error("train-router: give --config or --sparse-mode, not both");
+    parse_router_config(!o->config.empty() ? o->config : o->sparse_mode == "xattn" ? "fa-xa" : "fa-ssa",
+                        to.spec.dense_mode, to.spec.sparse_mode);
     to.spec.sparse.xattn.block = to.spec.sparse.block;
     to.log_jsonl = o->log;
     for (const std::string& kv : o->targets) {

@@ -18,7 +18,10 @@ struct RouterSpec {
   int n_layers = 0, n_kv_heads = 0, head_dim = 0;
   int pool_first = 100, pool_last = 100;  // boundary pooling window (tokens)
   bool sigmoid = false;                   // 1-logit sigmoid gate instead of the 2-class softmax
-  HeadMode sparse_mode = HeadMode::Streaming;  // what a non-FULL head runs (FA-SSA or FA-XA)
+  // The paper's configurations, as (dense class, sparse class) = (class 1, class 0): FA-SSA (full, ssa), FA-XA (full,
+  // xattn), XA-SSA (xattn, ssa). router_config_name / parse_router_config spell them.
+  HeadMode dense_mode = HeadMode::Full;        // what a head the router keeps dense runs
+  HeadMode sparse_mode = HeadMode::Streaming;  // what the other heads run
   SparseSettings sparse;
   std::string base_model;                 // fingerprint of the backbone (model_fingerprint)
   std::map<std::string, double> targets;  // target Omega per task class used in training (metadata)
@@ -27,9 +30,16 @@ struct RouterSpec {
 
 // Throws "<source>: ..." unless the spec is one a router can be built from: 1..4096 layers and KV heads, head_dim
 // 1..4096 (the MLP's parameter count is computed from it), a pooling window of 0..kMaxSparseWindow tokens at each end
-// and not empty, and a sparse mode that is sparse. The bounds keep pool sums and parameter counts far from int
+// and not empty, and a (dense, sparse) pair that is one of the paper's configurations. The bounds keep pool sums and parameter counts far from int
 // overflow. The sparse settings are validate_sparse's (not called here: tests build routers with 16-token blocks).
 void validate_router_spec(const RouterSpec& spec, const std::string& source);
+
+// "fa-ssa", "fa-xa" or "xa-ssa" for a spec's (dense_mode, sparse_mode); throws std::invalid_argument for any other
+// pair (the dense class must be full or xattn, the sparse one ssa or xattn, and the two must differ).
+std::string router_config_name(HeadMode dense_mode, HeadMode sparse_mode);
+// The inverse: sets dense_mode and sparse_mode from a name (case-sensitive); throws std::invalid_argument naming
+// the accepted names.
+void parse_router_config(const std::string& name, HeadMode& dense_mode, HeadMode& sparse_mode);
 
 // "arch=qwen3 L=28 D=1024 Hq=16 Hkv=8 hd=128 V=151936": what a router must match.
 std::string model_fingerprint(const ModelConfig& c);

@@ -147,7 +147,7 @@ class GpuRouterTrainer {
     const int T = static_cast<int>(s.ids.size()), L = c.n_layers, Hkv = c.n_kv_heads;
     if (spec.n_layers != L || spec.n_kv_heads != Hkv || spec.head_dim != c.head_dim)
       throw std::invalid_argument("router shape does not match the model");
-    if (spec.sparse_mode == HeadMode::Full) throw std::invalid_argument("router sparse mode must be ssa or xattn");
+    (void)router_config_name(spec.dense_mode, spec.sparse_mode);  // fa-ssa, fa-xa or xa-ssa, else a named error
     if (s.prompt_len < 1 || s.prompt_len >= T)
       throw std::invalid_argument("training sample needs a prompt and at least one answer token (prompt " +
                                   std::to_string(s.prompt_len) + " of " + std::to_string(T) + " tokens)");
@@ -294,13 +294,14 @@ class GpuRouterTrainer {
     const SparseSettings& s = spec_.sparse;
     validate_sparse(s, "gpu train");
     if (sparse_ready_ && s.block == sparse_set_.block && s.sink == sparse_set_.sink && s.local == sparse_set_.local &&
-        spec_.sparse_mode == sparse_mode_)
+        spec_.sparse_mode == sparse_mode_ && spec_.dense_mode == dense_mode_)
       return;
-    std::vector<KVHeadMeta> full(c.n_kv_heads, make_kv_head_meta(int(HeadMode::Full), s.sink, s.local, s.block));
+    // meta_full_ holds the dense class's mode: full attention, or XAttention for XA-SSA.
+    std::vector<KVHeadMeta> full(c.n_kv_heads, make_kv_head_meta(int(spec_.dense_mode), s.sink, s.local, s.block));
     std::vector<KVHeadMeta> sp(c.n_kv_heads, make_kv_head_meta(int(spec_.sparse_mode), s.sink, s.local, s.block));
     ELASTIC_CUDA_CHECK(cudaMemcpy(meta_full_.ptr, full.data(), meta_full_.bytes, cudaMemcpyHostToDevice));
     ELASTIC_CUDA_CHECK(cudaMemcpy(meta_sparse_.ptr, sp.data(), meta_sparse_.bytes, cudaMemcpyHostToDevice));
-    if (spec_.sparse_mode == HeadMode::XAttn && xa_block_ != s.block) {
+    if (has_xattn() && xa_block_ != s.block) {
       const int nb = (max_T_ + s.block - 1) / s.block;
       xa_blocks_.alloc(size_t(xattn_list_capacity(c.n_heads, nb)) * 4);
       xa_offsets_.alloc(size_t(c.n_heads) * nb * 4);
@@ -309,13 +310,16 @@ class GpuRouterTrainer {
     }
     sparse_set_ = s;
     sparse_mode_ = spec_.sparse_mode;
+    dense_mode_ = spec_.dense_mode;
     sparse_ready_ = true;
   }
-  HeadMode sparse_mode_ = HeadMode::Full;
+  HeadMode sparse_mode_ = HeadMode::Full, dense_mode_ = HeadMode::Full;
+  // One branch runs XAttention (FA-XA: the sparse one; XA-SSA: the dense one): its selection lists are estimated.
+  bool has_xattn() const { return spec_.sparse_mode == HeadMode::XAttn || spec_.dense_mode == HeadMode::XAttn; }
 
   XAttnBlockLists lists() const {
     XAttnBlockLists x;
-    if (spec_.sparse_mode == HeadMode::XAttn) {
+    if (has_xattn()) {
       x.blocks = xa_blocks_.as<int32_t>();
       x.offsets = xa_offsets_.as<int32_t>();
       x.counts = xa_counts_.as<int32_t>();
@@ -408,16 +412,16 @@ class GpuRouterTrainer {
     std::vector<KVHeadMeta> routed(Hkv);
     const SparseSettings& s = spec_.sparse;
     for (int h = 0; h < Hkv; ++h)
-      routed[h] = make_kv_head_meta(int(z[h] == 1.f ? HeadMode::Full : spec_.sparse_mode), s.sink, s.local, s.block);
+      routed[h] = make_kv_head_meta(int(z[h] == 1.f ? spec_.dense_mode : spec_.sparse_mode), s.sink, s.local, s.block);
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(z_dev_.ptr, z, f32s(Hkv), cudaMemcpyHostToDevice, st));
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(meta_routed_.ptr, routed.data(), meta_routed_.bytes, cudaMemcpyHostToDevice, st));
-    if (spec_.sparse_mode == HeadMode::XAttn) {
+    if (has_xattn()) {
       XAttnEstimateParams ep;
       ep.q = q_.as<uint16_t>();
       ep.k = k_.as<uint16_t>();
       ep.T = T, ep.pos0 = 0, ep.n_heads = Hq, ep.n_kv_heads = Hkv, ep.head_dim = hd;
       ep.block = s.block, ep.stride = s.xattn.stride, ep.tau = s.xattn.tau;
-      ep.meta = meta_sparse_.as<KVHeadMeta>();
+      ep.meta = (spec_.dense_mode == HeadMode::XAttn ? meta_full_ : meta_sparse_).as<KVHeadMeta>();
       ep.blocks = xa_blocks_.as<int32_t>();
       ep.offsets = xa_offsets_.as<int32_t>();
       ep.counts = xa_counts_.as<int32_t>();

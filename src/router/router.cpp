@@ -27,7 +27,26 @@ void validate_router_spec(const RouterSpec& s, const std::string& src) {
   check("pool_first", s.pool_first, 0, kMaxSparseWindow);
   check("pool_last", s.pool_last, 0, kMaxSparseWindow);
   if (s.pool_first == 0 && s.pool_last == 0) throw std::runtime_error(src + ": router pooling window is empty");
-  if (s.sparse_mode == HeadMode::Full) throw std::runtime_error(src + ": router sparse_mode must be ssa or xattn");
+  try {
+    (void)router_config_name(s.dense_mode, s.sparse_mode);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(src + ": router " + e.what());
+  }
+}
+
+std::string router_config_name(HeadMode dense_mode, HeadMode sparse_mode) {
+  if (dense_mode == HeadMode::Full && sparse_mode == HeadMode::Streaming) return "fa-ssa";
+  if (dense_mode == HeadMode::Full && sparse_mode == HeadMode::XAttn) return "fa-xa";
+  if (dense_mode == HeadMode::XAttn && sparse_mode == HeadMode::Streaming) return "xa-ssa";
+  throw std::invalid_argument(std::string("configuration (dense ") + head_mode_name(dense_mode) + ", sparse " +
+                              head_mode_name(sparse_mode) + ") is not one of fa-ssa, fa-xa, xa-ssa");
+}
+
+void parse_router_config(const std::string& name, HeadMode& dense_mode, HeadMode& sparse_mode) {
+  if (name == "fa-ssa") dense_mode = HeadMode::Full, sparse_mode = HeadMode::Streaming;
+  else if (name == "fa-xa") dense_mode = HeadMode::Full, sparse_mode = HeadMode::XAttn;
+  else if (name == "xa-ssa") dense_mode = HeadMode::XAttn, sparse_mode = HeadMode::Streaming;
+  else throw std::invalid_argument("router configuration '" + name + "' is not one of fa-ssa, fa-xa, xa-ssa");
 }
 
 size_t Router::layer_size() const { return router::layer_param_count(spec.head_dim, spec.classes()); }
@@ -60,7 +79,7 @@ void Router::decide(int layer, const float* pooled, HeadMode* modes) const {
   std::vector<float> lg(static_cast<size_t>(spec.n_kv_heads) * C);
   logits(layer, pooled, lg.data());
   for (int h = 0; h < spec.n_kv_heads; ++h)
-    modes[h] = router::gate_full(lg.data() + static_cast<size_t>(h) * C, C) ? HeadMode::Full : spec.sparse_mode;
+    modes[h] = router::gate_full(lg.data() + static_cast<size_t>(h) * C, C) ? spec.dense_mode : spec.sparse_mode;
 }
 
 }  // namespace elastic

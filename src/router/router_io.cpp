@@ -93,6 +93,7 @@ void Router::save(const std::string& path) const {
       {"pool_first", std::to_string(spec.pool_first)},
       {"pool_last", std::to_string(spec.pool_last)},
       {"gate", spec.sigmoid ? "sigmoid" : "softmax"},
+      {"dense_mode", head_mode_name(spec.dense_mode)},
       {"sparse_mode", head_mode_name(spec.sparse_mode)},
       {"sparse", sparse.dump()},
       {"targets", targets.dump()},
@@ -126,6 +127,14 @@ Router Router::load(const std::string& path, const ModelConfig& model) {
       s.sparse_mode = parse_head_mode(sparse_mode);
     } catch (const std::runtime_error& e) {
       throw std::runtime_error(path + ": router metadata 'sparse_mode': " + e.what());
+    }
+    // Files written before the configurations had no dense_mode: their dense class is full attention.
+    if (m.count("dense_mode")) {
+      try {
+        s.dense_mode = parse_head_mode(m.at("dense_mode"));
+      } catch (const std::runtime_error& e) {
+        throw std::runtime_error(path + ": router metadata 'dense_mode': " + e.what());
+      }
     }
     const nlohmann::json sp = parse_json_text(meta_str(m, "sparse", path), path + ": router metadata 'sparse'");
     s.sparse.block = json_int(sp, "block_size", path, 1, kMaxContext);

@@ -97,10 +97,13 @@ struct RouterStep<Real>::Impl {
     A.kr = A.kn;
     rope_fwd(A.qr.data(), T, Hq, hd, 0, m.rope_inv_freq);
     rope_fwd(A.kr.data(), T, Hkv, hd, 0, m.rope_inv_freq);
-    const std::vector<HeadMode> full(Hkv, HeadMode::Full), sparse(Hkv, spec.sparse_mode);
-    if (spec.sparse_mode == HeadMode::XAttn)
-      A.xmask = xattn_masks(A.qr.data(), A.kr.data(), T, Hq, Hkv, hd, sparse.data(), spec.sparse);
-    const BlockKeep kf{full.data(), &spec.sparse, nullptr, group};
+    // The dense branch (class 1) and the sparse one: FA-SSA, FA-XA or XA-SSA. The XAttention branch's selection
+    // comes from the queries and keys of every row, prompt and answer alike, as at prefill (docs/ROUTER.md).
+    const std::vector<HeadMode> full(Hkv, spec.dense_mode), sparse(Hkv, spec.sparse_mode);
+    if (spec.dense_mode == HeadMode::XAttn || spec.sparse_mode == HeadMode::XAttn)
+      A.xmask = xattn_masks(A.qr.data(), A.kr.data(), T, Hq, Hkv, hd,
+                            (spec.dense_mode == HeadMode::XAttn ? full : sparse).data(), spec.sparse);
+    const BlockKeep kf{full.data(), &spec.sparse, &A.xmask, group};
     const BlockKeep ks{sparse.data(), &spec.sparse, &A.xmask, group};
     A.of.resize(nq);
     A.os.resize(nq);
@@ -161,7 +164,7 @@ RouterStep<Real>::RouterStep(const Model& m, const RouterSpec& spec, const Real*
   const ModelConfig& c = m.config;
   if (spec.n_layers != c.n_layers || spec.n_kv_heads != c.n_kv_heads || spec.head_dim != c.head_dim)
     throw std::invalid_argument("router shape does not match the model");
-  if (spec.sparse_mode == HeadMode::Full) throw std::invalid_argument("router sparse mode must be ssa or xattn");
+  (void)router_config_name(spec.dense_mode, spec.sparse_mode);  // throws for a pair that is not a configuration
   // The backward reads each weight transposed through sgemm, which wants fp32 rows.
   if (!m.weights.all_f32())
     throw std::invalid_argument("router training reads fp32 weights: widen the model's block-format matrices first "
@@ -220,7 +223,7 @@ void RouterStep<Real>::backward(Real lm_weight, Real omega_weight, Real* dparams
   const Real dz_omega = -omega_weight / Real(static_cast<size_t>(L) * Hkv);
   LayerActs<Real> A;
   std::vector<Real> da, dg, du, dh2, dxmid, dO, dof, dos, dqr, dkr, dv, dq, dk, dh;
-  const std::vector<HeadMode> full(Hkv, HeadMode::Full), sparse(Hkv, I.spec.sparse_mode);
+  const std::vector<HeadMode> full(Hkv, I.spec.dense_mode), sparse(Hkv, I.spec.sparse_mode);
   for (int l = L - 1; l >= 0; --l) {
     const LayerWeights& W = I.m.weights.layers[l];
     I.layer(l, I.x[l].data(), A, false, nullptr);
@@ -257,7 +260,7 @@ void RouterStep<Real>::backward(Real lm_weight, Real omega_weight, Real* dparams
     dqr.assign(nq, Real(0));
     dkr.assign(nk, Real(0));
     dv.assign(nk, Real(0));
-    const BlockKeep kf{full.data(), &I.spec.sparse, nullptr, group};
+    const BlockKeep kf{full.data(), &I.spec.sparse, &A.xmask, group};
     const BlockKeep ks{sparse.data(), &I.spec.sparse, &A.xmask, group};
     // A branch whose every weight is zero (hard routing) contributes nothing: skip its backward.
     bool any_full = false, any_sparse = false;

@@ -73,7 +73,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
   spec.head_dim = c.head_dim;
   spec.base_model = model_fingerprint(c);
   spec.targets = o.targets;
-  if (spec.sparse_mode == HeadMode::Full) throw std::invalid_argument("train-router: the sparse mode must be ssa or xattn");
+  (void)router_config_name(spec.dense_mode, spec.sparse_mode);  // fa-ssa, fa-xa or xa-ssa, else a named error
   validate_sparse(spec.sparse, "train-router");
   validate_router_spec(spec, "train-router");
   Router router = Router::init(spec, o.seed);
