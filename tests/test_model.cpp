@@ -87,6 +87,31 @@ TEST_P(Fixture, ChunkedPrefillEqualsOnePass) {
   EXPECT_GT(rel_err(full, one), 1e-3);  // the sparse run really differs from full attention
 }
 
+// XAttention heads in chunks that are not whole blocks: refused by name (as the GPU backend refuses them), where a
+// chunk starting inside a block used to run its XAttention heads densely without a word; whole-block chunks give
+// the one-pass result.
+TEST_P(Fixture, XAttnChunksMustBeWholeBlocks) {
+  Model m = Model::load(dir());
+  std::vector<int32_t> ids(150);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 131 + 7) % m.config.vocab;
+  m.routing = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, HeadMode::Streaming);
+  m.routing.mode[0] = HeadMode::XAttn;
+  KVCache a, b, c;
+  a.init(m.config, ids.size());
+  b.init(m.config, ids.size());
+  c.init(m.config, ids.size());
+  std::vector<float> one, whole, bad;
+  try {
+    m.prefill(ids.data(), ids.size(), 50, a, bad, true);
+    ADD_FAILURE() << "chunk 50 with 64-token blocks was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of the block (50 vs 64)"), std::string::npos) << e.what();
+  }
+  m.prefill(ids.data(), ids.size(), ids.size(), b, one, true);  // one chunk: any size
+  m.prefill(ids.data(), ids.size(), 64, c, whole, true);
+  EXPECT_LT(rel_err(whole, one), 1e-5);
+}
+
 TEST_P(Fixture, HybridCacheDecodesLikeFullCache) {
   Model m = Model::load(dir());
   std::vector<int32_t> prompt(100);

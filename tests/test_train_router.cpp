@@ -202,15 +202,15 @@ TEST(RouterFile, RoundTripAndMismatch) {
 }
 
 namespace {
-// The fixture model prefilled unrouted under `routing` (chunks of 32, capacity 120) gives `routed`'s logits; returns
-// that cache's bytes.
+// The fixture model prefilled unrouted under `routing` (in chunks of `chunk`, capacity 120) gives `routed`'s logits;
+// returns that cache's bytes.
 size_t expect_unrouted_prefill_equal(const std::vector<int32_t>& prompt, const RoutingTable& routing,
-                                     const std::vector<float>& routed) {
+                                     const std::vector<float>& routed, int chunk = 32) {
   Model plain = Model::load(fixture());
   KVCache pc;
   pc.init(plain.config, 120, &routing);
   std::vector<float> ref;
-  plain.prefill(prompt.data(), static_cast<int>(prompt.size()), 32, pc, ref, true);
+  plain.prefill(prompt.data(), static_cast<int>(prompt.size()), chunk, pc, ref, true);
   EXPECT_EQ(routed.size(), ref.size());
   for (size_t i = 0; i < ref.size() && i < routed.size(); ++i) {
     EXPECT_NEAR(routed[i], ref[i], 1e-5f * (1 + std::abs(ref[i]))) << i;
@@ -291,14 +291,19 @@ TEST(RouterConfig, ThreeConfigurationsRouteTheirDenseClass) {
     KVCache rc;
     rc.init_deferred(mr.config, 120);
     std::vector<float> routed;
-    mr.prefill(prompt.data(), 100, 32, rc, routed, true);
+    if (r->spec.dense_mode == HeadMode::XAttn) {  // XAttention heads need chunks of whole blocks (64 here)
+      KVCache bad;
+      bad.init_deferred(mr.config, 120);
+      EXPECT_THROW(mr.prefill(prompt.data(), 100, 32, bad, routed, true), std::invalid_argument);
+    }
+    mr.prefill(prompt.data(), 100, 64, rc, routed, true);
     if (fa_modes.empty()) {
       fa_modes = rc.routing.mode;
     } else {
       for (size_t i = 0; i < fa_modes.size(); ++i)
         EXPECT_EQ(rc.routing.mode[i], fa_modes[i] == HeadMode::Full ? HeadMode::XAttn : HeadMode::Streaming) << i;
     }
-    expect_unrouted_prefill_equal(prompt, rc.routing, routed);
+    expect_unrouted_prefill_equal(prompt, rc.routing, routed, 64);
   }
 }
 

@@ -152,10 +152,24 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
   head(*this, x.data(), T, all_logits, logits);
 }
 
+namespace {
+// XAttention selects blocks for chunks that start on a block boundary; a chunk size that is not a multiple of the
+// block would leave later chunks' XAttention heads dense without a word. Refused, as the GPU backend refuses it.
+void check_xattn_chunk(const HeadMode* modes, size_t n, int T, int chunk, int block) {
+  if (T <= chunk || chunk % block == 0) return;
+  for (size_t i = 0; i < n; ++i)
+    if (modes[i] == HeadMode::XAttn)
+      throw std::invalid_argument("prefill: XAttention heads need a chunk size that is a multiple of the block (" +
+                                  std::to_string(chunk) + " vs " + std::to_string(block) + ")");
+}
+}  // namespace
+
 void Model::prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::vector<float>& logits, bool all_logits,
                     AttentionStats* stats, const RoutingTable* routing_override) const {
   if (chunk <= 0) throw std::invalid_argument("prefill: chunk size must be positive");
   if (!router || routing_override || cache.length > 0) {
+    const RoutingTable& r = routing_override ? *routing_override : cache.routing.n_layers ? cache.routing : routing;
+    check_xattn_chunk(r.mode.data(), r.mode.size(), T, chunk, r.sparse.block);
     std::vector<float> part;
     if (all_logits) logits.clear();
     for (int t0 = 0; t0 < T; t0 += chunk) {
@@ -189,6 +203,7 @@ void Model::prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::v
       for (size_t j = 0; j < pooled.size(); ++j) pooled[j] += wb.k[static_cast<size_t>(i) * Hkv * hd + j] / nb;
     HeadMode* modes = decided.mode.data() + static_cast<size_t>(l) * Hkv;
     router->decide(l, pooled.data(), modes);
+    check_xattn_chunk(modes, static_cast<size_t>(Hkv), T, chunk, decided.sparse.block);
     cache.allocate_layer(l, modes, decided.sparse);
     for (int t0 = 0; t0 < T; t0 += chunk) {
       const int n = std::min(chunk, T - t0);
