@@ -227,3 +227,27 @@ TEST(PagedDecodePlan, MaxUnitsBoundsEveryTotalUpToTheCapacity) {
   }
   EXPECT_EQ(paged_max_units(int64_t(8) * 130080, 8, 2112), 2112 + 8);
 }
+
+// The KV figure both devices print (kept_kv_positions) is what paged memory holds: the pages' kept counts after a
+// sequence grows to n positions the way the GPU model's decode steps grow it (returning what left the window when a
+// new block starts, then growing), i.e. what the query at n - 1 attended.
+TEST(KvFigures, KeptPositionsEqualThePagesHeld) {
+  RoutingTable r = RoutingTable::all_full(3, 4);
+  for (size_t i = 0; i < r.mode.size(); ++i)
+    r.mode[i] = i % 3 == 0 ? HeadMode::Full : i % 3 == 1 ? HeadMode::Streaming : HeadMode::XAttn;
+  r.sparse.block = 64, r.sparse.sink = 100, r.sparse.local = 300;
+  for (const int n : {1, 63, 64, 65, 200, 447, 448, 449, 1000, 3001}) {
+    PagePool pool(4096, 64);
+    SequencePages seq(pool, r);
+    for (int c0 = 0; c0 < n; c0 += r.sparse.block) {
+      seq.release_unused();
+      seq.grow(std::min(n, c0 + r.sparse.block));
+    }
+    int64_t held = 0;
+    for (int l = 0; l < r.n_layers; ++l)
+      for (int h = 0; h < r.n_kv_heads; ++h) held += seq.head(l, h).kept;
+    EXPECT_EQ(kept_kv_positions(r, n), held) << "n " << n;
+  }
+  EXPECT_EQ(kept_kv_positions(RoutingTable::all_full(2, 2), 10), 40);
+  EXPECT_EQ(kept_kv_positions(r, 0), 0);
+}

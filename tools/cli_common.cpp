@@ -122,9 +122,13 @@ void add_routing_options(CLI::App* sub, std::string& routing, std::string& mode,
   sub->add_option("--router", router, "Trained router (.safetensors): routes each prompt at prefill");
 }
 
-void print_metrics(const RoutingTable& r, const AttentionStats& st) {
-  std::fprintf(stderr, "routing: Omega_MSR %.3f | Omega_ESR %.3f | attention FLOPs %.3f of full\n", r.msr(), st.esr(),
-               st.flops_ratio());
+void print_metrics(const RoutingTable& r, const AttentionStats& st, int n_pos) {
+  const int64_t kept = kept_kv_positions(r, n_pos), all = int64_t(n_pos) * int64_t(r.mode.size());
+  std::fprintf(stderr,
+               "routing: Omega_MSR %.3f | Omega_ESR %.3f | attention FLOPs %.3f of full | KV kept %.3f of full (%lld of "
+               "%lld positions at %d)\n",
+               r.msr(), st.esr(), st.flops_ratio(), all > 0 ? double(kept) / double(all) : 0.0,
+               static_cast<long long>(kept), static_cast<long long>(all), n_pos);
 }
 
 void set_threads(int t) {

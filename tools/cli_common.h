@@ -65,7 +65,9 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& model, const 
 void apply_routing(Model& m, const std::string& routing_file, const std::string& mode, const std::string& router = "");
 // --routing / --mode / --router (and --chunk, the prefill chunk size) on a subcommand.
 void add_routing_options(CLI::App* sub, std::string& routing, std::string& mode, std::string& router, int& chunk);
-void print_metrics(const RoutingTable& r, const AttentionStats& st);
+// The run's routing figures, the same on both devices: Omega_MSR, Omega_ESR and attention FLOPs from `st`, and the KV
+// positions the routing keeps at the run's final length n_pos against all-full (kept_kv_positions).
+void print_metrics(const RoutingTable& r, const AttentionStats& st, int n_pos);
 // The model's chat template as a prompt formatter (what eval applies to task prompts and train-router to its built-in
 // mix); empty when there is no tokenizer, --no-chat is given, or the template is not a known family. `who` prefixes
 // the note printed on stderr.

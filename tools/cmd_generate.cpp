@@ -98,8 +98,10 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
     std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s) | decode: %d tokens in %.3f s (%.1f tok/s)\n",
                  st.prompt_tokens, st.prefill_s, st.prompt_tokens / std::max(st.prefill_s, 1e-9), st.new_tokens,
                  st.decode_s, st.new_tokens > 1 ? (st.new_tokens - 1) / std::max(st.decode_s, 1e-9) : 0.0);
-    print_metrics(st.routing, st.attn);
-    std::fprintf(stderr, "kv cache: %.2f MiB\n", st.kv_bytes / 1048576.0);
+    // The last token is returned, never fed: the sequence holds the prompt and every earlier new token.
+    print_metrics(st.routing, st.attn, st.prompt_tokens + std::max(0, st.new_tokens - 1));
+    std::fprintf(stderr, "kv cache: %.2f MiB (%s)\n", st.kv_bytes / 1048576.0,
+                 o->device == "cuda" ? "bf16 pages held" : "fp32, allocated for the run's capacity");
   }});
 }
 

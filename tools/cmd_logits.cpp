@@ -45,7 +45,7 @@ void add_logits_command(CLI::App& app, Commands& cmds) {
       std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
       g->prefill(ids.data(), T, m.router ? nullptr : &m.routing, m.router.get(), &logits, true);
       // The same figures the CPU prints, from the routing the prompt got (XAttention heads: NaN, input-dependent).
-      print_metrics(g->routing(), routed_prefill_stats(g->routing(), T));
+      print_metrics(g->routing(), routed_prefill_stats(g->routing(), T), T);
 #else
       no_cuda_backend("logits");
 #endif
@@ -54,7 +54,7 @@ void add_logits_command(CLI::App& app, Commands& cmds) {
       cache.init(m.config, T);
       AttentionStats st;
       m.prefill(ids.data(), T, o->chunk, cache, logits, true, &st);
-      print_metrics(cache.routing.n_layers ? cache.routing : m.routing, st);
+      print_metrics(cache.routing.n_layers ? cache.routing : m.routing, st, T);
     }
     write_npy_f32(o->out, logits.data(), {static_cast<int64_t>(T), m.config.vocab});
   }});

@@ -60,6 +60,12 @@ struct AttentionStats {
 // skipped blocks, as attention_forward would count them. Exact for full and streaming heads; XAttention heads
 // depend on the input, so with any of them the figures are NaN.
 AttentionStats routed_prefill_stats(const RoutingTable& r, int T);
+// KV positions a routing keeps in a sequence of n_pos positions: what its last query (position n_pos - 1) attended,
+// summed over every (layer, KV head): n_pos for full and XAttention heads (they decode densely), the positions of the
+// sink and window blocks (streaming_keeps) for streaming ones. Memory that holds only what attention reads holds this
+// many (the GPU model's pages after a decode step, SequencePages::kept); the KV figure both devices print (x head_dim
+// x 2 for K and V x bytes per element).
+int64_t kept_kv_positions(const RoutingTable& r, int n_pos);
 
 // One KV head's keys and values as attention sees them: positions before pos0 come from the cache, whose slots are
 // either one per position (ring_slots == 0) or `sink_slots` fixed slots then a ring of `ring_slots` (a streaming

@@ -239,6 +239,18 @@ void attention_forward(const AttentionArgs& a) {
 
 namespace elastic {
 
+int64_t kept_kv_positions(const RoutingTable& r, int n_pos) {
+  if (n_pos <= 0) return 0;
+  const SparseSettings& s = r.sparse;
+  const int B = s.block, qb = (n_pos - 1) / B;
+  int64_t streaming = 0;  // one streaming head's kept positions: the same for every streaming head
+  for (int kb = 0; kb <= qb; ++kb)
+    if (streaming_keeps(qb, kb, s)) streaming += std::min<int64_t>(B, int64_t(n_pos) - int64_t(kb) * B);
+  int64_t total = 0;
+  for (const HeadMode m : r.mode) total += m == HeadMode::Streaming ? streaming : n_pos;
+  return total;
+}
+
 AttentionStats routed_prefill_stats(const RoutingTable& r, int T) {
   AttentionStats st;
   const SparseSettings& s = r.sparse;
