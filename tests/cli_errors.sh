@@ -87,6 +87,12 @@ printf 'T,ours\n0,1\n' > $TMP/zero.csv
 expect_fail "--log2-x needs x > 0" $BIN plot $TMP/zero.csv -o $TMP/z.svg --y-label y --log2-x
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
 expect_fail "--attn-kernel" $BIN bench --device cuda --attn-kernel fastest
+expect_fail "--text needs -m" $BIN bench --text /etc/hostname -c 128
+expect_fail "no tokenizer.json" $BIN bench -m $FX/qwen3_tiny --text /etc/hostname -c 128
+echo "a short prompt" > $TMP/short.txt
+[ ! -f "$SRC/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] ||
+  expect_fail "tokens, fewer than -c 4096" $BIN bench -m "$SRC/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
+    --text $TMP/short.txt -c 4k --modes full -r 1
 expect_fail "--device" $BIN train-router -m $FX/qwen3_tiny --device tpu
 expect_fail "--config" $BIN train-router -m $FX/qwen3_tiny --config xa-xa
 expect_fail "give --config or --sparse-mode, not both" $BIN train-router -m $FX/qwen3_tiny --config xa-ssa --sparse-mode ssa --steps 1

@@ -16,6 +16,8 @@
 #include "cli_common.h"
 #include "elastic/model_shapes.h"
 #include "elastic/plot_svg.h"
+#include "elastic/text_file.h"
+#include "elastic/tokenizer.h"
 #ifdef ELASTIC_HAVE_CUDA
 #include "elastic/cuda_attention.h"
 #include "elastic/cuda_paged_decode.h"
@@ -142,7 +144,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     std::string model, shape = "tiny", ctx = "512,1024", modes = "full,ssa,xattn,hybrid@0.5,hybrid@0.7,hybrid@0.9",
                        out = "md";
     int layers = 0, vocab = 0, reps = 3, threads = 0, chunk = 16384, decode = 32;
-    std::string device = "cpu", attn_kernel, plot;
+    std::string device = "cpu", attn_kernel, plot, text;
     uint64_t seed = 0;
     SparseSettings sparse;
   };
@@ -160,6 +162,10 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--chunk", o->chunk, "Prefill chunk size")->check(in_range(1, kMaxTokens));
   add_sparse_options(sub, o->sparse);
   sub->add_option("--seed", o->seed, "Seed (weights, prompts, hybrid routings)");
+  // Real text instead of random ids: what XAttention keeps depends on how peaked real attention is.
+  sub->add_option("--text", o->text,
+                  "Prompt text file, tokenized with -m's tokenizer; each row runs its first T tokens (default: random "
+                  "token ids)");
   sub->add_option("-o,--output", o->out, "Output format")->check(CLI::IsMember({"md", "json", "csv"}));
   sub->add_option("--plot", o->plot,
                   "Also write speed curves per mode against context length: PREFIX_prefill.svg (tokens/s), "
@@ -206,6 +212,17 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       else m = random_model(c, o->seed);
       name = o->shape;
     }
+    std::vector<int32_t> text_ids;  // --text: the file's tokens; rows take prefixes of it
+    if (!o->text.empty()) {
+      if (o->model.empty()) throw std::runtime_error("bench: --text needs -m (a model with a tokenizer)");
+      const std::unique_ptr<Tokenizer> tok = load_model_tokenizer(o->model, "", true);
+      text_ids = tok->encode(read_text_file(o->text, "bench --text"));
+      const int longest_ctx = *std::max_element(ctxs.begin(), ctxs.end());
+      if (static_cast<int64_t>(text_ids.size()) < longest_ctx)
+        throw std::runtime_error("bench: --text " + o->text + " has " + std::to_string(text_ids.size()) +
+                                 " tokens, fewer than -c " + std::to_string(longest_ctx));
+      std::fprintf(stderr, "bench: prompts are the first T of %zu tokens of %s\n", text_ids.size(), o->text.c_str());
+    }
     // Before any buffer is sized for the longest row (a -c beyond the model's RoPE range is no measurement).
     const int64_t longest = *std::max_element(ctxs.begin(), ctxs.end()) + int64_t{gpu ? o->decode : 0};
     if (m.config.max_positions > 0 && longest > m.config.max_positions)
@@ -234,6 +251,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     for (int T : ctxs) {
       std::vector<int32_t> ids(T);
       for (auto& id : ids) id = static_cast<int32_t>(rng() % m.config.vocab);
+      if (!text_ids.empty()) std::copy_n(text_ids.begin(), T, ids.begin());
       double full_s = 0;
       for (const std::string& mode : modes) {
         RoutingTable r = routing_for(mode, m.config, o->sparse, o->seed);
