@@ -31,13 +31,9 @@ struct Row {
   std::string model, mode;
   int layers = 0, ctx = 0, reps = 0;
   double msr = 0, flops = 0, tok_s = 0, tok_s_sd = 0, attn_ms = 0, attn_ms_sd = 0, speedup = 0, tg = NAN;
-  // GPU --decode: one more step, uncaptured, timed by part (ms): embed + plan, norms, qkv, qkv post + KV append,
-  // attention, o projection, MLP, logits. Empty on the CPU.
+  // GPU --decode: one more step, uncaptured, timed by part (ms, GpuDecodeParts' order). Empty on the CPU.
   std::vector<double> parts;
 };
-
-const char* const kDecodeParts[] = {"embed+plan", "norms", "qkv GEMV", "qkv post+append", "attention", "o GEMV",
-                                    "MLP", "logits"};
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -274,7 +270,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
             int32_t id = g->decode(ids.back());
             if (o->decode > 1) {
               const cuda::GpuDecodeParts p = g->decode_parts(id, &id);
-              parts = {p.embed_plan, p.norms, p.qkv, p.qkv_post, p.attention, p.o_proj, p.mlp, p.logits};
+              parts.assign(std::begin(p.ms), std::end(p.ms));
             }
             if (o->decode > 2) id = g->decode(id);
             const auto a = std::chrono::steady_clock::now();
@@ -345,13 +341,14 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                     o->device.c_str(), r.layers, r.ctx, r.mode.c_str(), r.msr, fmt_or_dash(r.flops, "%.3f").c_str(),
                     r.tok_s, r.tok_s_sd, r.attn_ms, r.attn_ms_sd, fmt_or_dash(r.speedup, "%.2fx").c_str(),
                     fmt_or_dash(r.tg, "%.1f").c_str());
+#ifdef ELASTIC_HAVE_CUDA
       if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.parts.empty(); })) {
         // Shares of one uncaptured step's GPU time; "replay" is the graph step (1 / decode tok/s): what the parts
         // add up to beyond it is the gaps between launches that the graph removes.
         std::printf("\n| ctx | mode | replay ms | parts sum ms |");
-        for (const char* p : kDecodeParts) std::printf(" %s |", p);
+        for (const char* p : cuda::GpuDecodeParts::kNames) std::printf(" %s |", p);
         std::printf("\n|---|---|---|---|");
-        for (size_t i = 0; i < std::size(kDecodeParts); ++i) std::printf("---|");
+        for (size_t i = 0; i < std::size(cuda::GpuDecodeParts::kNames); ++i) std::printf("---|");
         std::printf("\n");
         for (const Row& r : rows) {
           if (r.parts.empty()) continue;
@@ -362,6 +359,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
           std::printf("\n");
         }
       }
+#endif
     }
   }});
 }

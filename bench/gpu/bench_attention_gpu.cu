@@ -197,9 +197,7 @@ double copy_gbs(Timer& timer) {
 void paged_table(const std::vector<int>& lengths, Timer& timer) {
   const int Hq = 32, Hkv = 8, hd = 128, P = 64;
   const double copy = copy_gbs(timer);
-  cudaDeviceProp prop{};
-  ELASTIC_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const int target_units = prop.multiProcessorCount * 16;  // the partial kernel's resident warps
+  const int target_units = paged_target_units();  // the partial kernel's resident warps, as the GPU model plans
   std::printf("\ncopy (device to device, read + write): %.0f GB/s\n\n| batch | lengths | routing | units x keys |"
               " us/layer | K+V read GB/s | of copy |\n|---|---|---|---|---|---|---|\n", copy);
   struct Form {

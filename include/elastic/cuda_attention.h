@@ -1,6 +1,6 @@
 #pragma once
-// CUDA hybrid (per-KV-head routed) attention for Hopper: fused block-sparse prefill forward, XAttention block
-// estimation and decode attention with per-head cache capacity. bf16 tensors, fp32 math. All pointers are device
+// CUDA hybrid (per-KV-head routed) attention for Hopper: fused block-sparse prefill forward and XAttention block
+// estimation (decode: cuda_paged_decode.h). bf16 tensors, fp32 math. All pointers are device
 // pointers; every launch is asynchronous on the given stream and checked.
 //
 // Semantics match the CPU reference (src/attention/attention.cpp): a query head h reads KV head h / (Hq / Hkv);
@@ -87,8 +87,8 @@ AttnKernelConfig attention_config_from_env();
 AttnKernel attention_kernel_by_name(const std::string& name);
 // Sets p.kernel and p.opts to what c runs for p's GQA shape (p.n_heads, p.n_kv_heads set).
 void apply_attention_config(const AttnKernelConfig& c, HybridAttnParams& p);
-// What c runs for an even GQA group, e.g. "overlap (adjacent pairs, bulk stores)".
-std::string describe_attention(const AttnKernelConfig& c);
+// What c runs for this GQA shape, e.g. "overlap (adjacent pairs, bulk stores)", or "simple (odd query-head group)".
+std::string describe_attention(const AttnKernelConfig& c, int n_heads, int n_kv_heads);
 
 // Host helper: device metadata values for one KV head (sink / local in tokens, rounded up to blocks).
 KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block);

@@ -53,15 +53,25 @@ struct GpuPrefillStats {
 // runs the same kernels without the gaps between launches, so total() against the replay's step time shows what
 // launches cost.
 struct GpuDecodeParts {
-  double embed_plan = 0;  // embedding row + the paged decode planner
-  double norms = 0;       // RMSNorms before attention and MLP, and the final one
-  double qkv = 0;         // q/k/v projection (one GEMV)
-  double qkv_post = 0;    // q/k norms, RoPE, writing the new K/V into its pages
-  double attention = 0;   // paged decode attention (partial + merge)
-  double o_proj = 0;      // output projection (+ residual)
-  double mlp = 0;         // gate/up GEMV, SwiGLU, down GEMV (+ residual)
-  double logits = 0;      // LM head GEMV and argmax
-  double total() const { return embed_plan + norms + qkv + qkv_post + attention + o_proj + mlp + logits; }
+  enum Part {
+    EmbedPlan,  // embedding row + the paged decode planner
+    Norms,      // RMSNorms before attention and MLP, and the final one
+    Qkv,        // q/k/v projection (one GEMV)
+    QkvPost,    // q/k norms, RoPE, writing the new K/V into its pages
+    Attention,  // paged decode attention (partial + merge)
+    OProj,      // output projection (+ residual)
+    Mlp,        // gate/up GEMV, SwiGLU, down GEMV (+ residual)
+    Logits,     // LM head GEMV and argmax
+    kCount
+  };
+  static constexpr const char* kNames[kCount] = {"embed+plan", "norms", "qkv GEMV", "qkv post+append",
+                                                 "attention",  "o GEMV", "MLP",     "logits"};
+  double ms[kCount] = {};
+  double total() const {
+    double t = 0;
+    for (double x : ms) t += x;
+    return t;
+  }
 };
 
 class GpuModel {

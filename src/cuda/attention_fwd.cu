@@ -814,6 +814,11 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
 
 void bad(const std::string& what) { throw std::invalid_argument("hybrid_attention_fwd: " + what); }
 
+// Whether a GQA shape has an even number of query heads per KV head, as the wgmma kernels need.
+bool pairs_group(int n_heads, int n_kv_heads) {
+  return n_kv_heads > 0 && n_heads % n_kv_heads == 0 && (n_heads / n_kv_heads) % 2 == 0;
+}
+
 }  // namespace
 
 KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block) {
@@ -854,21 +859,17 @@ AttnKernelConfig attention_config_from_env() {
 }
 
 AttnKernel attention_kernel_by_name(const std::string& name) {
-  std::string names;
-  for (const auto& k : kKernelNames) {
-    if (name == k.first) return k.second;
-    names += std::string(names.empty() ? "" : ", ") + k.first;
-  }
-  throw std::invalid_argument("unknown attention kernel '" + name + "' (one of " + names + ")");
+  return choice_by_name("attention kernel", name.c_str(), kKernelNames);
 }
 
 void apply_attention_config(const AttnKernelConfig& c, HybridAttnParams& p) {
-  const bool even = p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0 && (p.n_heads / p.n_kv_heads) % 2 == 0;
-  p.kernel = c.kernel == AttnKernel::Simple || even ? c.kernel : AttnKernel::Auto;  // a wgmma kernel needs pairs
+  // A wgmma kernel needs pairs of query heads: an odd group keeps Auto, which runs Simple.
+  p.kernel = c.kernel == AttnKernel::Simple || pairs_group(p.n_heads, p.n_kv_heads) ? c.kernel : AttnKernel::Auto;
   p.opts = c.opts;
 }
 
-std::string describe_attention(const AttnKernelConfig& c) {
+std::string describe_attention(const AttnKernelConfig& c, int n_heads, int n_kv_heads) {
+  if (!pairs_group(n_heads, n_kv_heads)) return "simple (odd query-head group)";
   const AttnKernel k = c.kernel == AttnKernel::Auto ? kAutoEvenGroup : c.kernel;
   const char* name = choice_name(kKernelNames, k);
   if (k == AttnKernel::Simple) return name;
@@ -892,7 +893,7 @@ void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
   if (p.block != 64 && p.block != 128) bad("block must be 64 or 128 (got " + std::to_string(p.block) + ")");
   if (p.xattn.blocks && (!p.xattn.offsets || !p.xattn.counts)) bad("xattn lists need offsets and counts");
   if (p.head_dim != 64 && p.head_dim != 128) bad("head_dim must be 64 or 128 (got " + std::to_string(p.head_dim) + ")");
-  const bool even_group = (p.n_heads / p.n_kv_heads) % 2 == 0;
+  const bool even_group = pairs_group(p.n_heads, p.n_kv_heads);
   if (p.kernel != AttnKernel::Auto && p.kernel != AttnKernel::Simple && !even_group)
     bad("the wgmma kernels need an even number of query heads per KV head");
   if (p.kernel == AttnKernel::Auto && even_group) p.kernel = kAutoEvenGroup;

@@ -16,16 +16,22 @@ namespace elastic::cuda {
 template <class E>
 using Choice = std::pair<const char*, E>;
 
+// The value `names` gives `value`; throws std::invalid_argument "<what> must be one of a, b, ... (got 'value')".
+template <class E, size_t N>
+E choice_by_name(const char* what, const char* value, const Choice<E> (&names)[N]) {
+  std::string known;
+  for (const auto& nv : names) {
+    if (std::strcmp(value, nv.first) == 0) return nv.second;
+    known += (known.empty() ? "" : ", ") + std::string(nv.first);
+  }
+  throw std::invalid_argument(std::string(what) + " must be one of " + known + " (got '" + value + "')");
+}
+
 template <class E, size_t N>
 E env_choice(const char* var, const Choice<E> (&names)[N], E unset) {
   const char* e = std::getenv(var);
   if (!e || !*e) return unset;
-  std::string known;
-  for (const auto& nv : names) {
-    if (std::strcmp(e, nv.first) == 0) return nv.second;
-    known += (known.empty() ? "" : ", ") + std::string(nv.first);
-  }
-  throw std::invalid_argument(std::string(var) + " must be one of " + known + " (got '" + e + "')");
+  return choice_by_name(var, e, names);
 }
 
 // The name of `value` in `names` (nullptr when it has none).

@@ -45,10 +45,9 @@ void GpuModel::Impl::store_layer_pages(int l, const HeadMode* modes, const Spars
   std::vector<int32_t> map(size_t(Hkv) * pages_per_head, -1);
   for (int h = 0; h < Hkv; ++h) {
     const HeadPages& hp = seq[l]->head(0, h);
-    for (size_t i = 0; i < hp.pages.size(); ++i) {
-      size_t first = i;
-      while (first > 0 && hp.page_block[first - 1] == hp.page_block[i]) --first;
-      const int64_t pp = int64_t(hp.page_block[i]) * (s.block / P) + int64_t(i - first);
+    for (size_t i = 0, within = 0; i < hp.pages.size(); ++i) {
+      within = i > 0 && hp.page_block[i - 1] == hp.page_block[i] ? within + 1 : 0;  // page index inside its block
+      const int64_t pp = int64_t(hp.page_block[i]) * (s.block / P) + int64_t(within);
       if (pp < n_pp) map[size_t(h) * pages_per_head + pp] = hp.pages[i];
     }
   }
@@ -300,19 +299,19 @@ void GpuModel::Impl::decode_body() {
   cudaStream_t st = stream;
   int32_t* io = d_io;  // [input id, next id, pos, n_pos]
   uint16_t* x = d_x.as<uint16_t>();
-  mark(kEmbedPlan);  // the start
+  mark(GpuDecodeParts::EmbedPlan);  // the start
   embed_rows_bf16(embed.as<uint16_t>(), io, x, 1, D, V, st);
   // Every layer's units for this step's kept counts (prepare_step wrote them).
   paged_decode_plan_device(dec_heads, dec_units.as<PagedDecodeUnit>(), dec_n_units.as<int32_t>(), c.n_layers, Hkv,
                            max_units, target_units, st);
-  mark(kEmbedPlan);
+  mark(GpuDecodeParts::EmbedPlan);
   for (int l = 0; l < c.n_layers; ++l) {
     const GpuLayer& W = layers[l];
     const size_t off = size_t(l) * Hkv;
     rmsnorm_bf16_stream(x, W.attn_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
-    mark(kNorms);
+    mark(GpuDecodeParts::Norms);
     gemm->bf16(d_xn.as<uint16_t>(), W.w_qkv.as<uint16_t>(), d_qkv.as<uint16_t>(), 1, N, D, st);
-    mark(kQkv);
+    mark(GpuDecodeParts::Qkv);
     QkvPostParams qp;
     qp.qkv = d_qkv.as<uint16_t>();
     qp.bias = W.b_qkv.as<uint16_t>();
@@ -329,7 +328,7 @@ void GpuModel::Impl::decode_body() {
     qp.kv_rows_from_zero = true;
     qkv_post(qp, st);
     paged_append(d_k.ptr, d_v.ptr, dec_rows + off, k_pool.ptr, v_pool.ptr, Hkv, hd, st);
-    mark(kQkvPost);
+    mark(GpuDecodeParts::QkvPost);
     PagedDecodeParams pp;
     pp.q = d_q.ptr;
     pp.out = d_attn.ptr;
@@ -343,7 +342,7 @@ void GpuModel::Impl::decode_body() {
     pp.workspace = d_ws.as<float>();
     pp.n_seqs = 1, pp.n_heads = Hq, pp.n_kv_heads = Hkv, pp.head_dim = hd, pp.page_size = kPageSize;
     paged_decode_attention(pp, st);
-    mark(kAttention);
+    mark(GpuDecodeParts::Attention);
     if (probe_out) {  // eager (decode() runs a probing step uncaptured); every head is full, so n_pos = kept
       const int n_pos = length + 1;
       last_row_probs_paged(d_q.ptr, k_pool.ptr, page_table.as<int32_t>(), dec_heads + off, Hq, Hkv, hd, kPageSize,
@@ -354,19 +353,19 @@ void GpuModel::Impl::decode_body() {
                                          cudaMemcpyDeviceToHost, st));
     }
     gemm->bf16(d_attn.as<uint16_t>(), W.wo.as<uint16_t>(), x, 1, D, Hq * hd, st, nullptr, 1.f);
-    mark(kOProj);
+    mark(GpuDecodeParts::OProj);
     rmsnorm_bf16_stream(x, W.mlp_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
-    mark(kNorms);
+    mark(GpuDecodeParts::Norms);
     gemm->bf16(d_xn.as<uint16_t>(), W.w_gu.as<uint16_t>(), d_gu.as<uint16_t>(), 1, 2 * F, D, st);
     swiglu_bf16(d_gu.as<uint16_t>(), d_act.as<uint16_t>(), 1, F, st);
     gemm->bf16(d_act.as<uint16_t>(), W.w_down.as<uint16_t>(), x, 1, D, F, st, nullptr, 1.f);
-    mark(kMlp);
+    mark(GpuDecodeParts::Mlp);
   }
   rmsnorm_bf16_stream(x, final_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
-  mark(kNorms);
+  mark(GpuDecodeParts::Norms);
   gemm->bf16_out_f32(d_xn.as<uint16_t>(), head_weight(), logits.as<float>(), 1, V, D, st);
   argmax_rows_f32(logits.as<float>(), 1, V, io + 1, st);
-  mark(kLogits);
+  mark(GpuDecodeParts::Logits);
 }
 
 void GpuModel::Impl::mark(Part p) {
@@ -452,12 +451,10 @@ GpuDecodeParts GpuModel::decode_parts(int32_t id, int32_t* next) {
   try {
     const int32_t t = decode(id);  // synchronizes: every event has completed
     if (next) *next = t;
-    for (size_t i = 1; i < marks.size(); ++i) {
+    for (size_t i = 1; i < marks.size(); ++i) {  // each interval belongs to the part that closes it
       float ms = 0;
       ELASTIC_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second));
-      double* slot[] = {&parts.embed_plan, &parts.norms,  &parts.qkv, &parts.qkv_post,
-                        &parts.attention,  &parts.o_proj, &parts.mlp, &parts.logits};
-      *slot[marks[i].first] += ms;
+      parts.ms[marks[i].first] += ms;
     }
   } catch (...) {
     m.part_marks = nullptr;

@@ -58,6 +58,7 @@ struct GpuModel::Impl {
   // for V, sized for every head full at max_ctx; the current sequence holds, per layer, a SequencePages under that
   // layer's routing (a router decides layer by layer), so a head holds exactly the pages its routing keeps.
   static constexpr int kPageSize = 64;  // divides both sparse block sizes (64, 128)
+  size_t page_bytes() const { return size_t(kPageSize) * c.head_dim * 2; }  // one page of one pool (K or V), bf16
   std::unique_ptr<PagePool> pages;
   DeviceBuffer k_pool, v_pool;           // [n_pages, kPageSize, hd] bf16
   int pages_per_head = 0;                // ceil(max_ctx / kPageSize)
@@ -92,7 +93,7 @@ struct GpuModel::Impl {
   DeviceBuffer probe_probs;
 
   // decode_parts: events recorded after each part of one uncaptured step (part index, event), in order.
-  enum Part { kEmbedPlan, kNorms, kQkv, kQkvPost, kAttention, kOProj, kMlp, kLogits };
+  using Part = GpuDecodeParts::Part;
   std::vector<std::pair<Part, cudaEvent_t>>* part_marks = nullptr;
   std::vector<cudaEvent_t> part_events;     // made before the timed step, used in order by mark()
   void mark(Part p);                        // records an event for part p when part_marks is set

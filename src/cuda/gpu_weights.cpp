@@ -99,14 +99,10 @@ void GpuModel::Impl::init_common() {
                     L.wo.bytes + L.mlp_norm.bytes + L.w_gu.bytes + L.w_down.bytes;
   pages_per_head = static_cast<int>((ctx + kPageSize - 1) / kPageSize);
   const int64_t n_pages = int64_t(c.n_layers) * Hkv * pages_per_head;
-  plan.kv_full = size_t(n_pages) * kPageSize * hd * 2 * 2;  // the page pool: every head full at max_ctx
+  plan.kv_full = size_t(n_pages) * page_bytes() * 2;  // the K and V pools: every head full at max_ctx
   target_units = paged_target_units();
   if (!o.attention) o.attention = attention_config_from_env();  // read once: no launch reads the environment
-  const bool even_group = (Hq / Hkv) % 2 == 0;  // the wgmma kernels need pairs of query heads
-  plan.kernels = "attention " +
-                 (even_group || o.attention->kernel == AttnKernel::Simple ? describe_attention(*o.attention)
-                                                                           : std::string("simple (odd query-head group)")) +
-                 "; decode " + describe_paged_decode();
+  plan.kernels = "attention " + describe_attention(*o.attention, Hq, Hkv) + "; decode " + describe_paged_decode();
   max_units = paged_max_units(int64_t(Hkv) * pages_per_head * kPageSize, Hkv, target_units);
   const size_t dec_ws = size_t(paged_decode_workspace_floats(max_units, Hq / Hkv, hd)) * 4;
   const size_t step_bytes = 16 + size_t(c.n_layers) * Hkv * (sizeof(PagedDecodeHead) + sizeof(int64_t));
@@ -150,8 +146,8 @@ void GpuModel::Impl::init_common() {
   d_act.alloc(bf16s(F));
   d_ws.alloc(dec_ws);
   pages = std::make_unique<PagePool>(n_pages, kPageSize);
-  k_pool.alloc(size_t(n_pages) * kPageSize * hd * 2);
-  v_pool.alloc(size_t(n_pages) * kPageSize * hd * 2);
+  k_pool.alloc(size_t(n_pages) * page_bytes());
+  v_pool.alloc(size_t(n_pages) * page_bytes());
   page_table.alloc(size_t(n_pages) * 4);
   page_map.alloc(size_t(Hkv) * pages_per_head * 4);
   d_step.alloc(step_bytes);
@@ -178,7 +174,7 @@ int GpuModel::max_ctx() const { return impl_->o.max_ctx; }
 size_t GpuModel::kv_bytes() const {
   size_t pages = 0;
   for (const auto& sq : impl_->seq) pages += sq ? size_t(sq->pages_held()) : 0;
-  return pages * Impl::kPageSize * impl_->c.head_dim * 2 * 2;
+  return pages * impl_->page_bytes() * 2;  // K and V
 }
 const RoutingTable& GpuModel::routing() const { return impl_->routing; }
 

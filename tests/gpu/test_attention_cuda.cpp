@@ -310,12 +310,13 @@ void expect_env_error(const char* var, const char* value, F&& run) {
 // attention_config_from_env (host only, no GPU).
 TEST(CudaHybridAttention, DescribesWhatAConfigurationRuns) {
   using K = cuda::AttnKernel;
-  EXPECT_EQ(cuda::describe_attention({}), "overlap (adjacent pairs, bulk stores)");
-  EXPECT_EQ(cuda::describe_attention({K::Wgmma, -1}), "wgmma (even pairs, direct stores)");
-  EXPECT_EQ(cuda::describe_attention({K::WgmmaPersistent, 3}), "persistent (adjacent pairs, direct stores)");
-  EXPECT_EQ(cuda::describe_attention({K::WgmmaPersistent, 5}),
+  EXPECT_EQ(cuda::describe_attention({}, 8, 2), "overlap (adjacent pairs, bulk stores)");
+  EXPECT_EQ(cuda::describe_attention({K::Wgmma, -1}, 8, 2), "wgmma (even pairs, direct stores)");
+  EXPECT_EQ(cuda::describe_attention({K::WgmmaPersistent, 3}, 8, 2), "persistent (adjacent pairs, direct stores)");
+  EXPECT_EQ(cuda::describe_attention({K::WgmmaPersistent, 5}, 8, 2),
             "persistent (adjacent pairs, direct stores, up to 2 static items per CTA)");
-  EXPECT_EQ(cuda::describe_attention({K::Simple, -1}), "simple");
+  EXPECT_EQ(cuda::describe_attention({K::Simple, -1}, 8, 2), "simple");
+  EXPECT_EQ(cuda::describe_attention({K::Wgmma, -1}, 6, 2), "simple (odd query-head group)");
   {
     EnvGuard k("ELASTIC_ATTN_KERNEL", ""), o("ELASTIC_ATTN_OPTS", "");
     const cuda::AttnKernelConfig c = cuda::attention_config_from_env();
