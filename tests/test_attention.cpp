@@ -432,3 +432,33 @@ TEST(Attention, RoutedPrefillStatsEqualCountedStats) {
 }
 
 }  // namespace
+
+namespace {
+
+// The toy pattern (src/attention/patterns/strided.cpp, one file plus a registry line) through the CPU reference:
+// every 4th key block plus the diagonal, in chunks, beside a full head; its counted work equals its analytic cost.
+TEST(Attention, StridedToyPatternRunsOnTheCpuReference) {
+  Case c(fresh_seed());
+  SparseSettings sp;
+  sp.block = 64;
+  const HeadMode strided = parse_head_mode("strided");
+  const std::vector<HeadMode> modes{strided, HeadMode::Full};
+  AttentionStats counted;
+  const auto out = c.run(modes, sp, 128, &counted);
+  const auto ref = c.dense([&](int h, int i, int j) {
+    if (h / 2 == 1) return true;  // query heads 2, 3 read the full head
+    const int qb = i / 64, kb = j / 64;
+    return kb == qb || kb % 4 == 0;  // the rule, written here independently
+  });
+  EXPECT_LT(rel(out, ref), 1e-5);
+  RoutingTable r = RoutingTable::uniform(1, c.Hkv, HeadMode::Full);
+  r.mode = modes;
+  r.sparse = sp;
+  const AttentionStats analytic = routed_prefill_stats(r, c.T);
+  EXPECT_NEAR(analytic.flops_ratio(), counted.flops_ratio(), 1e-12);
+  EXPECT_NEAR(analytic.esr(), counted.esr(), 1e-12);
+  EXPECT_LT(analytic.flops_ratio(), 1.0);
+  EXPECT_STREQ(head_mode_name(strided), "strided");
+}
+
+}  // namespace

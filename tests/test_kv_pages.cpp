@@ -21,11 +21,21 @@ RoutingTable routing(int L, int H, const std::vector<HeadMode>& modes, int B = 6
   return r;
 }
 
-// Positions the query at position p attends, by the streaming rule (all of [0, p] for full and XAttention heads).
+// The toy strided pattern (src/attention/patterns/strided.cpp): its rule is written out below, independently.
+const HeadMode kStrided = parse_head_mode("strided");
+
+// Positions the query at position p attends, by the streaming rule (all of [0, p] for full and XAttention heads,
+// blocks kb % 4 == 0 and the diagonal for the strided toy).
 std::vector<int> kept_positions(HeadMode m, const SparseSettings& s, int p) {
   std::vector<int> out;
-  for (int j = 0; j <= p; ++j)
-    if (m != HeadMode::Streaming || streaming_keeps(p / s.block, j / s.block, s)) out.push_back(j);
+  const int qb = p / s.block;
+  for (int j = 0; j <= p; ++j) {
+    const int kb = j / s.block;
+    const bool kept = m == HeadMode::Streaming ? streaming_keeps(qb, kb, s)
+                      : m == kStrided          ? kb == qb || kb % 4 == 0
+                                               : true;
+    if (kept) out.push_back(j);
+  }
   return out;
 }
 
@@ -59,7 +69,7 @@ TEST(PagePool, AllocatesReleasesAndRefusesClearly) {
 TEST(SequencePages, HeadsHoldExactlyWhatTheirRoutingKeeps) {
   for (const int P : {16, 32, 64}) {
     SCOPED_TRACE("page size " + std::to_string(P));
-    const RoutingTable r = routing(2, 2, {HeadMode::Full, HeadMode::Streaming, HeadMode::Streaming, HeadMode::XAttn});
+    const RoutingTable r = routing(2, 2, {HeadMode::Full, HeadMode::Streaming, kStrided, HeadMode::XAttn});
     const int prompt = 300, n_pos = 1500, chunk = 128;
     const int64_t need = pages_for(r, P, prompt, chunk, n_pos);
     PagePool pool(need, P);  // exactly what admission would reserve: the run must never run out

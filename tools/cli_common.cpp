@@ -1,5 +1,6 @@
 #include "cli_common.h"
 
+#include "elastic/sparse_pattern.h"
 #include "elastic/chat_template.h"
 
 #include "elastic/router.h"
@@ -118,7 +119,7 @@ void apply_routing(Model& m, const std::string& routing_file, const std::string&
 void add_routing_options(CLI::App* sub, std::string& routing, std::string& mode, std::string& router, int& chunk) {
   sub->add_option("--chunk", chunk, "Prefill chunk size in tokens")->check(in_range(1, kMaxTokens));
   sub->add_option("--routing", routing, "Routing JSON: mode per layer per KV head plus sparse settings");
-  sub->add_option("--mode", mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
+  sub->add_option("--mode", mode, "Route every head to one mode")->check(CLI::IsMember(sparse_pattern_names()));
   sub->add_option("--router", router, "Trained router (.safetensors): routes each prompt at prefill");
 }
 

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli_common.h"
+#include "elastic/sparse_pattern.h"
 #include "elastic/eval.h"
 #include "elastic/router.h"
 #include "elastic/tokenizer.h"
@@ -55,7 +56,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--methods", o->methods,
                   "Comma list of methods: full, ssa, xattn, static@0.5, static@0.7, static@0.9 (default: all)");
   sub->add_option("--routing", o->routing, "Extra method: a routing JSON file");
-  sub->add_option("--mode", o->mode, "Extra method: every head in one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
+  sub->add_option("--mode", o->mode, "Extra method: every head in one mode")->check(CLI::IsMember(sparse_pattern_names()));
   sub->add_option("--router", o->router, "Extra methods: trained router file(s), comma list (FA-SSA / FA-XA variants)");
   sub->add_option("--scores", o->scores, "Retrieval head scores for static routing (default: probe once, save in -o)");
   sub->add_option("--haystack", o->hay, "Haystack text file (default: built-in English filler)");

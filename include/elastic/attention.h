@@ -10,9 +10,11 @@
 
 namespace elastic {
 
+// A KV head's sparse pattern: the index of its pattern in src/attention/patterns/registry.cpp (sparse_pattern.h). The
+// three the GPU kernels implement are named; others (the CPU-only toy "strided") have only their registry index.
 enum class HeadMode : uint8_t { Full = 0, Streaming = 1, XAttn = 2 };
-const char* head_mode_name(HeadMode m);
-HeadMode parse_head_mode(const std::string& s);  // "full" | "ssa" (or "streaming") | "xattn"; throws otherwise
+const char* head_mode_name(HeadMode m);           // the pattern's name
+HeadMode parse_head_mode(const std::string& s);  // a registered pattern's name or alias; throws listing them otherwise
 
 // Largest sink or local window accepted (16M tokens): beyond any context we run, and small enough that block
 // rounding and sink + window sums stay far from int overflow.
@@ -109,18 +111,12 @@ struct AttentionArgs {
 // method is a prefill method).
 void attention_forward(const AttentionArgs& a);
 
-// Which key blocks a streaming head keeps for query block qb (kb <= qb).
+// Which key blocks a streaming head keeps for query block qb (kb <= qb): the streaming pattern's rule
+// (src/attention/patterns/streaming.cpp).
 bool streaming_keeps(int qb, int kb, const SparseSettings& s);
 
-// Whether a head of mode m computes key block kb for query block qb (kb <= qb). xmask: the head's XAttention
-// selection (nullptr or empty = dense, as in decode).
-inline bool block_kept(HeadMode m, const BlockMask* xmask, int qb, int kb, const SparseSettings& s) {
-  switch (m) {
-    case HeadMode::Full: return true;
-    case HeadMode::Streaming: return streaming_keeps(qb, kb, s);
-    case HeadMode::XAttn: return !xmask || xmask->n_blocks == 0 || xmask->at(qb, kb);
-  }
-  return true;
-}
+// Whether a head of mode m computes key block kb for query block qb (kb <= qb): its pattern's block rule
+// (sparse_pattern.h). sel: the head's selection from its pattern's estimator (nullptr or empty: none, as in decode).
+bool block_kept(HeadMode m, const BlockMask* sel, int qb, int kb, const SparseSettings& s);
 
 }  // namespace elastic

@@ -1,4 +1,5 @@
 #include "elastic/attention.h"
+#include "elastic/sparse_pattern.h"
 
 #include "model/ops.h"
 
@@ -21,12 +22,8 @@ double AttentionStats::esr() const {
   return s / blocks_causal.size();
 }
 
-bool streaming_keeps(int qb, int kb, const SparseSettings& s) {
-  // In 64 bits: settings built in code skip validate_sparse, and rounding INT_MAX up to a block would overflow (a
-  // window larger than the sequence then keeps everything, as it should).
-  const int64_t B = s.block, sink_blocks = (int64_t{s.sink} + B - 1) / B;
-  const int64_t local_blocks = std::max<int64_t>(1, (int64_t{s.local} + B - 1) / B);
-  return kb <= qb && (kb < sink_blocks || int64_t{qb} - kb < local_blocks);
+bool block_kept(HeadMode m, const BlockMask* sel, int qb, int kb, const SparseSettings& s) {
+  return sparse_pattern(m).keeps(qb, kb, s, sel);
 }
 
 namespace {
@@ -163,21 +160,21 @@ void attention_forward(const AttentionArgs& a) {
   const int n_pos = a.pos0 + a.T;
   const int nb = (n_pos + B - 1) / B;
 
-  // XAttention selections per query head, for prefill calls that start on a block boundary. A query block's row of
-  // the selection depends only on its own queries and the keys before it, so a later chunk scores its rows against
-  // the whole key prefix (earlier query rows zero, their selection unused) and matches an unchunked prefill.
+  // Estimator selections per query head (XAttention), for prefill calls that start on a block boundary. A query
+  // block's row of the selection depends only on its own queries and the keys before it, so a later chunk scores its
+  // rows against the whole key prefix (earlier query rows zero, their selection unused) and matches an unchunked
+  // prefill.
   std::vector<BlockMask> xmask(a.n_heads);
   if (a.prefill && a.pos0 % B == 0)
     for (int h = 0; h < a.n_heads; ++h)
-      if (a.modes[h / group] == HeadMode::XAttn && (!a.kv_heads || a.kv_heads[h / group])) {
-        XAttnParams xp = sp.xattn;
-        xp.block = B;
+      if (const SparsePattern& pat = sparse_pattern(a.modes[h / group]);
+          pat.select && (!a.kv_heads || a.kv_heads[h / group])) {
         std::vector<float> qh(static_cast<size_t>(n_pos) * hd, 0.f);
         std::vector<float> kh(static_cast<size_t>(n_pos) * hd);
         for (int t = 0; t < a.T; ++t)
           std::copy_n(a.q + (static_cast<size_t>(t) * a.n_heads + h) * hd, hd, qh.data() + static_cast<size_t>(a.pos0 + t) * hd);
         for (int j = 0; j < n_pos; ++j) std::copy_n(a.kv[h / group].k(j), hd, kh.data() + static_cast<size_t>(j) * hd);
-        xmask[h] = xattn_select(qh.data(), kh.data(), n_pos, hd, xp);
+        xmask[h] = pat.select(qh.data(), kh.data(), n_pos, hd, sp);
       }
 
   auto keeps = [&](int h, int qb, int kb) { return block_kept(a.modes[h / group], &xmask[h], qb, kb, sp); };
@@ -194,7 +191,7 @@ void attention_forward(const AttentionArgs& a) {
   for (int qb = qb0; qb <= qb1; ++qb)
     for (int kvh = 0; kvh < a.n_kv_heads; ++kvh) {
       if (a.kv_heads && !a.kv_heads[kvh]) continue;  // another rank's head
-      if (a.modes[kvh] == HeadMode::XAttn && xmask[kvh * group].n_blocks > 0)
+      if (xmask[kvh * group].n_blocks > 0)  // a selection per query head: single-head units
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) units.push_back({h, 1, qb});
       else units.push_back({kvh * group, group, qb});
     }
@@ -240,51 +237,40 @@ void attention_forward(const AttentionArgs& a) {
 namespace elastic {
 
 int64_t kept_kv_positions(const RoutingTable& r, int n_pos) {
-  if (n_pos <= 0) return 0;
-  const SparseSettings& s = r.sparse;
-  const int B = s.block, qb = (n_pos - 1) / B;
-  int64_t streaming = 0;  // one streaming head's kept positions: the same for every streaming head
-  for (int kb = 0; kb <= qb; ++kb)
-    if (streaming_keeps(qb, kb, s)) streaming += std::min<int64_t>(B, int64_t(n_pos) - int64_t(kb) * B);
+  std::vector<int64_t> per_mode(n_sparse_patterns(), -1);  // one head's count: the same for every head of a mode
   int64_t total = 0;
-  for (const HeadMode m : r.mode) total += m == HeadMode::Streaming ? streaming : n_pos;
+  for (const HeadMode m : r.mode) {
+    int64_t& k = per_mode.at(static_cast<size_t>(m));
+    if (k < 0) k = pattern_kept_positions(m, n_pos, r.sparse);
+    total += k;
+  }
   return total;
 }
 
 AttentionStats routed_prefill_stats(const RoutingTable& r, int T) {
   AttentionStats st;
-  const SparseSettings& s = r.sparse;
-  const int B = s.block, nb = (T + B - 1) / B, L = r.n_layers, Hkv = r.n_kv_heads;
+  const int L = r.n_layers, Hkv = r.n_kv_heads;
   if (T <= 0 || L <= 0 || Hkv <= 0) return st;
-  for (HeadMode m : r.mode)
-    if (m == HeadMode::XAttn) {
-      st.pairs_done = NAN;  // flops_ratio() and esr() come out NaN, not a made-up number
-      st.pairs_full = 1;
-      st.blocks_skipped.assign(Hkv, NAN);
-      st.blocks_causal.assign(Hkv, 1.0);
-      return st;
-    }
-  // Causal (query, key) pairs and causal / skipped blocks of one streaming head; a full head keeps all of them.
-  double all_pairs = 0, ssa_pairs = 0, all_blocks = 0, ssa_skipped = 0;
-  for (int qb = 0; qb < nb; ++qb) {
-    const int q0 = qb * B, rows = std::min(T, q0 + B) - q0;
-    for (int kb = 0; kb <= qb; ++kb) {
-      const double pairs = kb < qb ? double(rows) * B : double(rows) * (rows + 1) / 2;
-      const double w = double(rows) / B;  // a partial last block counts by its rows, as attention_forward does
-      all_pairs += pairs;
-      all_blocks += w;
-      if (streaming_keeps(qb, kb, s)) ssa_pairs += pairs;
-      else ssa_skipped += w;
-    }
+  std::vector<PatternPrefillCost> cost(n_sparse_patterns());
+  std::vector<bool> have(cost.size(), false);
+  auto of = [&](HeadMode m) -> const PatternPrefillCost& {
+    const size_t i = static_cast<size_t>(m);
+    if (!have.at(i)) cost[i] = pattern_prefill_cost(m, T, r.sparse), have[i] = true;
+    return cost[i];
+  };
+  // NaN where any head's work depends on the input (an estimator's pattern): flops_ratio() and esr() come out NaN.
+  for (const HeadMode m : r.mode) {
+    st.pairs_done += of(m).pairs;
+    st.pairs_full += of(m).pairs_full;
   }
-  const size_t n = r.mode.size();
-  for (size_t i = 0; i < n; ++i) st.pairs_done += r.mode[i] == HeadMode::Full ? all_pairs : ssa_pairs;
-  st.pairs_full = all_pairs * double(n);
   // ESR: the last layer's KV heads.
   st.blocks_skipped.assign(Hkv, 0.0);
-  st.blocks_causal.assign(Hkv, all_blocks);
-  for (int h = 0; h < Hkv; ++h)
-    if (r.at(L - 1, h) == HeadMode::Streaming) st.blocks_skipped[h] = ssa_skipped;
+  st.blocks_causal.assign(Hkv, 0.0);
+  for (int h = 0; h < Hkv; ++h) {
+    st.blocks_skipped[h] = of(r.at(L - 1, h)).blocks_skipped;
+    st.blocks_causal[h] = of(r.at(L - 1, h)).blocks_causal;
+  }
+  if (std::isnan(st.pairs_done)) st.blocks_skipped.assign(Hkv, NAN);
   return st;
 }
 

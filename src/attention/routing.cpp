@@ -9,26 +9,15 @@
 #include "elastic/output_file.h"
 
 #include "elastic/attention.h"
+#include "elastic/sparse_pattern.h"
 
 namespace elastic {
 
 using nlohmann::json;
 
-const char* head_mode_name(HeadMode m) {
-  switch (m) {
-    case HeadMode::Full: return "full";
-    case HeadMode::Streaming: return "ssa";
-    case HeadMode::XAttn: return "xattn";
-  }
-  return "?";
-}
+const char* head_mode_name(HeadMode m) { return sparse_pattern(m).name; }
 
-HeadMode parse_head_mode(const std::string& s) {
-  if (s == "full" || s == "fa") return HeadMode::Full;
-  if (s == "ssa" || s == "streaming") return HeadMode::Streaming;
-  if (s == "xattn" || s == "xa") return HeadMode::XAttn;
-  throw std::runtime_error("unknown head mode '" + s + "' (expected full, ssa or xattn)");
-}
+HeadMode parse_head_mode(const std::string& s) { return pattern_by_name(s); }
 
 RoutingTable RoutingTable::uniform(int n_layers, int n_kv_heads, HeadMode m) {
   RoutingTable r;

@@ -1,5 +1,7 @@
 #include "elastic/head_parallel.h"
+#include "elastic/sparse_pattern.h"
 
+#include <cmath>
 #include <algorithm>
 #include <numeric>
 #include <stdexcept>
@@ -8,17 +10,8 @@
 namespace elastic {
 
 double head_prefill_pairs(HeadMode m, int T, const SparseSettings& s, double xattn_keep) {
-  const double full = double(T) * (T + 1) / 2;
-  if (m == HeadMode::Full) return full;
-  if (m == HeadMode::XAttn) return xattn_keep * full;
-  const int B = s.block, nb = (T + B - 1) / B;
-  double pairs = 0;
-  for (int qb = 0; qb < nb; ++qb) {
-    const int rows = std::min(T, (qb + 1) * B) - qb * B;
-    for (int kb = 0; kb <= qb; ++kb)
-      if (streaming_keeps(qb, kb, s)) pairs += kb < qb ? double(rows) * B : double(rows) * (rows + 1) / 2;
-  }
-  return pairs;
+  const PatternPrefillCost c = pattern_prefill_cost(m, T, s);
+  return std::isnan(c.pairs) ? xattn_keep * c.pairs_full : c.pairs;  // an estimator's pattern: the expected share
 }
 
 double HeadPlan::imbalance() const {
@@ -45,13 +38,12 @@ HeadPlan plan_head_parallel(const RoutingTable& r, int T, int world, double xatt
   p.n_kv_heads = r.n_kv_heads;
   p.owner.assign(r.mode.size(), 0);
   p.load.assign(world, 0.0);
-  const double cost[3] = {head_prefill_pairs(HeadMode::Full, T, r.sparse, xattn_keep),
-                          head_prefill_pairs(HeadMode::Streaming, T, r.sparse, xattn_keep),
-                          head_prefill_pairs(HeadMode::XAttn, T, r.sparse, xattn_keep)};
+  std::vector<double> cost(n_sparse_patterns());
+  for (size_t m = 0; m < cost.size(); ++m) cost[m] = head_prefill_pairs(static_cast<HeadMode>(m), T, r.sparse, xattn_keep);
   std::vector<int> order(r.n_kv_heads);
   for (int l = 0; l < r.n_layers; ++l) {
     std::iota(order.begin(), order.end(), 0);
-    auto c = [&](int h) { return cost[static_cast<int>(r.at(l, h))]; };
+    auto c = [&](int h) { return cost.at(static_cast<size_t>(r.at(l, h))); };
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return c(a) > c(b); });
     for (int h : order) {
       const int to = int(std::min_element(p.load.begin(), p.load.end()) - p.load.begin());

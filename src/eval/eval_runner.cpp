@@ -11,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "elastic/sparse_pattern.h"
 #include "elastic/eval.h"
 #include "elastic/haystack.h"
 #include "elastic/heatmap_svg.h"
@@ -25,7 +26,7 @@ namespace elastic {
 
 namespace {
 
-char mode_char(HeadMode m) { return m == HeadMode::Full ? 'F' : m == HeadMode::Streaming ? 'S' : 'X'; }
+char mode_char(HeadMode m) { return sparse_pattern(m).letter; }
 
 std::string fmt_omega(double omega) {
   char buf[32];

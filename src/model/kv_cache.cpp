@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "elastic/sparse_pattern.h"
 #include "elastic/model.h"
 
 namespace elastic {
@@ -26,20 +27,12 @@ void KVCache::init_deferred(const ModelConfig& cfg, int cap) {
 void KVCache::allocate_layer(int layer, const HeadMode* modes, const SparseSettings& s) {
   for (int h = 0; h < n_kv_heads; ++h) {
     const size_t i = static_cast<size_t>(layer) * n_kv_heads + h;
-    int slots = capacity;
-    sink_slots[i] = ring_slots[i] = 0;
-    if (modes[h] == HeadMode::Streaming) {
-      // In 64 bits: a sink or window near INT_MAX overflows when rounded up to whole blocks; such a head simply
-      // keeps one slot per position, like any head whose sink + window covers the whole capacity.
-      const int64_t B = s.block;
-      const int64_t sink = (std::max<int64_t>(s.sink, 0) + B - 1) / B * B;
-      const int64_t ring = std::max<int64_t>(1, (int64_t{s.local} + B - 1) / B) * B;
-      if (sink + ring < capacity) {
-        sink_slots[i] = static_cast<int>(sink);
-        ring_slots[i] = static_cast<int>(ring);
-        slots = static_cast<int>(sink + ring);
-      }
-    }
+    // A bounded pattern (streaming) keeps a sink + ring when that is smaller than the capacity; in 64 bits, so a sink
+    // or window near INT_MAX just keeps one slot per position.
+    int64_t sink = 0, ring = 0;
+    const int slots = static_cast<int>(pattern_cache_slots(modes[h], s, capacity, &sink, &ring));
+    sink_slots[i] = static_cast<int>(sink);
+    ring_slots[i] = static_cast<int>(ring);
     k[i].assign(static_cast<size_t>(slots) * head_dim, 0.f);
     v[i].assign(static_cast<size_t>(slots) * head_dim, 0.f);
   }

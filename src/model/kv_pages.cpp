@@ -1,5 +1,6 @@
 // Page pool and per-head page lists (kv_pages.h).
 #include "elastic/kv_pages.h"
+#include "elastic/sparse_pattern.h"
 
 #include <algorithm>
 
@@ -8,15 +9,13 @@ namespace {
 
 void bad(const std::string& what) { throw std::invalid_argument("KV pages: " + what); }
 
-bool keeps_all(HeadMode m) { return m != HeadMode::Streaming; }  // XAttention heads decode densely
-
 // Pages one head holds after growing from `c0` to `c1` positions, starting from what it kept for the query at c0
 // (the SequencePages schedule), without a pool: for pages_for().
 int64_t held_pages(HeadMode m, const SparseSettings& s, int P, int c0, int c1) {
   const int B = s.block, qb0 = c0 / B, last = (c1 - 1) / B;
   int64_t pages = 0;
   for (int kb = 0; kb <= last; ++kb) {
-    const bool held = kb * int64_t(B) >= c0 || keeps_all(m) || streaming_keeps(qb0, kb, s);
+    const bool held = kb * int64_t(B) >= c0 || pattern_holds(m, qb0, kb, s);
     if (!held) continue;
     const int positions = static_cast<int>(std::min<int64_t>(B, int64_t(c1) - int64_t(kb) * B));
     pages += (positions + P - 1) / P;
@@ -70,7 +69,7 @@ SequencePages::SequencePages(PagePool& pool, const RoutingTable& routing) : pool
 SequencePages::~SequencePages() { release_all(); }
 
 bool SequencePages::keeps(const HeadPages& h, int qb, int kb) const {
-  return keeps_all(h.mode) || streaming_keeps(qb, kb, routing_.sparse);
+  return pattern_holds(h.mode, qb, kb, routing_.sparse);
 }
 
 void SequencePages::grow(int n_pos) {
@@ -109,8 +108,15 @@ void SequencePages::grow(int n_pos) {
 
 void SequencePages::release_unused() {
   const int B = routing_.sparse.block, P = pool_.page_size(), qb = length_ / B;
+  // Modes that still hold every block (full, XAttention in decode) skip the walk over their pages.
+  std::vector<int8_t> holds_all(n_sparse_patterns(), -1);
   for (HeadPages& h : heads_) {
-    if (keeps_all(h.mode)) continue;
+    int8_t& all = holds_all.at(static_cast<size_t>(h.mode));
+    if (all < 0) {
+      all = 1;
+      for (int kb = 0; kb < qb && all; ++kb) all = pattern_holds(h.mode, qb, kb, routing_.sparse);
+    }
+    if (all) continue;
     size_t w = 0;
     for (size_t i = 0; i < h.pages.size(); ++i) {
       if (keeps(h, qb, h.page_block[i]) || int64_t(h.page_block[i]) * B >= length_) {
@@ -166,16 +172,18 @@ int64_t pages_for(const RoutingTable& routing, int page_size, int prompt, int ch
     bad("pages_for: prompt " + std::to_string(prompt) + " and n_pos " + std::to_string(n_pos) + " (need 1 <= prompt <= n_pos)");
   if (page_size < 16 || routing.sparse.block % page_size) bad("pages_for: block not a multiple of the page size");
   const int step = chunk > 0 ? chunk : prompt;
-  int64_t n_full = 0, n_streaming = 0;
-  for (const HeadMode m : routing.mode) (keeps_all(m) ? n_full : n_streaming) += 1;
+  std::vector<int64_t> heads_of(n_sparse_patterns(), 0);
+  for (const HeadMode m : routing.mode) heads_of.at(static_cast<size_t>(m)) += 1;
   int64_t most = 0;
   auto at = [&](int c0, int c1) {
-    return n_full * held_pages(HeadMode::Full, routing.sparse, page_size, c0, c1) +
-           n_streaming * held_pages(HeadMode::Streaming, routing.sparse, page_size, c0, c1);
+    int64_t pages = 0;
+    for (size_t m = 0; m < heads_of.size(); ++m)
+      if (heads_of[m]) pages += heads_of[m] * held_pages(static_cast<HeadMode>(m), routing.sparse, page_size, c0, c1);
+    return pages;
   };
   for (int c0 = 0; c0 < prompt; c0 += step) most = std::max(most, at(c0, std::min(prompt, c0 + step)));
-  // Decode steps: within a block a head's pages only grow; a streaming head drops its oldest window block when a new
-  // block starts, and its count at each block's last position never shrinks from block to block. So the most is
+  // Decode steps: within a block a head's pages only grow; a new block can only drop blocks (patterns are monotone,
+  // sparse_pattern.h), and a head's count at each block's last position never shrinks from block to block. So the most is
   // at the last step or at the last position of the block before it.
   if (n_pos > prompt) {
     const int last = n_pos - 1, prev = last / routing.sparse.block * routing.sparse.block - 1;

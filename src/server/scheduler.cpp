@@ -7,25 +7,18 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "elastic/sparse_pattern.h"
 #include "elastic/batch_decode.h"
 #include "server/server_internal.h"
 
 namespace elastic {
 
 size_t kv_cache_bytes_for(const ModelConfig& cfg, int capacity, const RoutingTable& r) {
-  // Mirrors KVCache::init's slot count per head (checked against it in the tests).
+  // KVCache's slot count per head (pattern_cache_slots; checked against KVCache in the tests).
   size_t slots = 0;
   const size_t n = static_cast<size_t>(cfg.n_layers) * cfg.n_kv_heads;
-  for (size_t i = 0; i < n; ++i) {
-    size_t s = capacity;
-    if (i < r.mode.size() && r.mode[i] == HeadMode::Streaming) {
-      const SparseSettings& sp = r.sparse;
-      const int sink = (sp.sink + sp.block - 1) / sp.block * sp.block;
-      const int ring = std::max(1, (sp.local + sp.block - 1) / sp.block) * sp.block;
-      if (sink + ring < capacity) s = sink + ring;
-    }
-    slots += s;
-  }
+  for (size_t i = 0; i < n; ++i)
+    slots += i < r.mode.size() ? static_cast<size_t>(pattern_cache_slots(r.mode[i], r.sparse, capacity)) : capacity;
   return slots * cfg.head_dim * sizeof(float) * 2;  // keys and values
 }
 

@@ -1,0 +1,36 @@
+#pragma once
+// Decode's projections for a few rows (a GEMV per row, memory bound): y[m, n] (+)= sum_k x'[m, k] W[n, k], W in the
+// Hugging Face [out, in] layout, bf16 inputs, fp32 accumulation. A warp owns an output feature and streams its row of
+// W with 16-byte loads, so the kernel reads W once at close to the copy rate where cuBLASLt's M = 1 path reads the
+// 2560-wide projections at half of it (docs/PERFORMANCE.md, decode parts).
+//
+// The input row can be made inside the kernel, which removes a launch and a round trip per use:
+//   norm_w set:  x' = bf16(norm_w * (x * rsqrt(mean(x^2) + eps)))   (rmsnorm_bf16's formula and rounding)
+//   swiglu:      x' = bf16(silu(g) * u) with x = [m, 2K] holding gate | up (swiglu_bf16's formula and rounding)
+// so a fused GEMV gives the bits the separate kernels followed by this GEMV give. Each block rebuilds x' in shared
+// memory (K * m bf16; x is a few KiB and comes from L2), so m is at most kGemvMaxRows.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace elastic::cuda {
+
+constexpr int kGemvMaxRows = 4;
+
+struct GemvParams {
+  const uint16_t* x = nullptr;       // [m, K] bf16, or [m, 2K] (gate | up) with swiglu
+  const uint16_t* w = nullptr;       // [N, K] bf16
+  void* y = nullptr;                 // [m, N] bf16, or fp32 with y_f32; must not overlap x
+  int m = 1, n = 0, k = 0;
+  bool y_f32 = false;
+  bool accumulate = false;           // y = bf16(y + x'W^T) (the residual add); bf16 output only
+  const uint16_t* norm_w = nullptr;  // [K] RMSNorm weight: x' is x's RMSNorm
+  float eps = 1e-6f;
+  bool swiglu = false;
+};
+
+// Throws std::invalid_argument naming the problem (shape, m > kGemvMaxRows, null pointer, overlapping x and y,
+// accumulate with fp32 output, norm with swiglu).
+void gemv_bf16(const GemvParams& p, cudaStream_t stream);
+
+}  // namespace elastic::cuda

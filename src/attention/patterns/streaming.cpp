@@ -1,0 +1,33 @@
+// Streaming attention (SSA): the sink blocks (the first `sink` tokens, rounded up to blocks) and a local window of
+// `local` tokens rounded up to blocks, diagonal included. Its keys fit a fixed sink + ring of slots.
+#include <algorithm>
+
+#include "elastic/sparse_pattern.h"
+
+namespace elastic {
+
+bool streaming_keeps(int qb, int kb, const SparseSettings& s) {
+  // In 64 bits: settings built in code skip validate_sparse, and rounding INT_MAX up to a block would overflow (a
+  // window larger than the sequence then keeps everything, as it should).
+  const int64_t B = s.block, sink_blocks = (int64_t{s.sink} + B - 1) / B;
+  const int64_t local_blocks = std::max<int64_t>(1, (int64_t{s.local} + B - 1) / B);
+  return kb <= qb && (kb < sink_blocks || int64_t{qb} - kb < local_blocks);
+}
+
+extern const SparsePattern kStreamingPattern;
+const SparsePattern kStreamingPattern{
+    .name = "ssa",
+    .aliases = {"streaming"},
+    .letter = 'S',
+    .keeps = [](int qb, int kb, const SparseSettings& s, const BlockMask*) { return streaming_keeps(qb, kb, s); },
+    .bounded_slots =
+        [](const SparseSettings& s, int64_t& sink, int64_t& ring) {
+          const int64_t B = s.block;
+          sink = (std::max<int64_t>(s.sink, 0) + B - 1) / B * B;
+          ring = std::max<int64_t>(1, (int64_t{s.local} + B - 1) / B) * B;
+          return true;
+        },
+    .on_cuda = true,
+};
+
+}  // namespace elastic
