@@ -292,6 +292,7 @@ TEST_F(EvalRun, BuiltinMethodsAndLengths) {
   EXPECT_THROW(builtin_method("static@1.5", m, &hs), std::runtime_error);
   EXPECT_THROW(builtin_method("sparse-magic", m, nullptr), std::runtime_error);
   EXPECT_EQ(builtin_method_names().size(), 6u);
+  EXPECT_EQ(builtin_method("strided", m, nullptr).route(m, prompt).mode[0], parse_head_mode("strided"));  // any pattern
   EXPECT_EQ(parse_lengths("4k, 8K,100"), (std::vector<int>{4096, 8192, 100}));
   EXPECT_THROW(parse_lengths("4q"), std::runtime_error);
   EXPECT_THROW(parse_lengths("4k,,8k"), std::runtime_error);

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "cli_common.h"
+#include "elastic/engine.h"
 #include "elastic/generate.h"
 #include "elastic/npy.h"
 #include "elastic/tokenizer.h"
@@ -85,8 +86,9 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
       go.chunk = o->chunk;
       auto g = cuda::GpuModel::upload(m, go);
       std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
-      out = cuda::generate(*g, prompt, o->n, m.router ? nullptr : &m.routing, m.router.get(), sp, !o->ignore_eos, &st,
-                           stream);
+      const auto be = cuda::gpu_sequence_backend(*g);
+      out = generate(*be, m.config, prompt, o->n, m.router ? nullptr : &m.routing, m.router.get(), sp, !o->ignore_eos,
+                     &st, stream);
 #else
       no_cuda_backend("generate");
 #endif

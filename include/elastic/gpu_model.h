@@ -133,10 +133,4 @@ namespace elastic::cuda {
 // The GPU model as eval's backend (`elastic eval --device cuda`): samples run on the device one at a time.
 std::shared_ptr<SequenceBackend> gpu_sequence_backend(GpuModel& g);
 
-// generate() on the GPU model: prefill under `routing` (or the router's decision, or all full), then up to n_new
-// tokens; greedy stays on the device, temperature / top-k / top-p sample on the host from the step's logits.
-std::vector<int32_t> generate(GpuModel& g, const std::vector<int32_t>& prompt, int n_new, const RoutingTable* routing,
-                              const PromptRouter* router, const SamplerParams& sp, bool stop_at_eos,
-                              GenerateStats* stats, const std::function<void(int32_t)>& on_token = {});
-
 }  // namespace elastic::cuda

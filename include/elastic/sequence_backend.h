@@ -1,6 +1,7 @@
 #pragma once
 // A model runner behind a small interface, one sequence at a time: the GPU model (cuda::gpu_sequence_backend) and
-// the CPU model (cpu_sequence_backend). `elastic eval --device cuda` and `elastic serve --device cuda` run on it.
+// the CPU model (cpu_sequence_backend). The engine's loops run on it (engine.h): `generate` on either device,
+// `eval --device cuda` and `serve --device cuda`.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -20,9 +21,16 @@ class SequenceBackend {
                        std::vector<float>& logits, RoutingTable& used) = 0;
   // Appends one token; writes its logits.
   virtual void decode(int32_t id, std::vector<float>& logits) = 0;
+  // Appends one token; returns the greedy next id (the first largest logit, as Sampler's greedy). A backend may pick it
+  // where the logits are (the GPU: on the device, without copying them out).
+  virtual int32_t decode_greedy(int32_t id);
+  virtual int length() const = 0;  // positions the current sequence holds
   virtual std::string name() const = 0;  // "cuda", "cpu"; recorded in run.json
   virtual int capacity() const = 0;      // positions a sequence may hold (prompt + generated tokens)
   virtual size_t kv_bytes() const { return 0; }  // the current sequence's KV caches (0 = not known)
+  // The attention work this sequence's rows ran, where the backend counts it (the CPU: blocks each row computed,
+  // XAttention's selections included); nullptr: not counted (the engine then uses the routing's figures).
+  virtual const AttentionStats* counted_attention() const { return nullptr; }
 };
 
 // The CPU model as a SequenceBackend, caches of `capacity` positions, prefill in chunks of `prefill_chunk`. A router

@@ -1,5 +1,5 @@
-// The GPU model as an eval SequenceBackend: `elastic eval --device cuda` runs every sample's prefill (routed by a
-// table or by the router, layer by layer) and its greedy decode steps on the device.
+// The GPU model as a SequenceBackend: the engine's generate, `eval --device cuda` and `serve --device cuda` run
+// every prefill (routed by a table or by the router, layer by layer) and decode step on the device.
 #include <memory>
 
 #include "elastic/sequence_backend.h"
@@ -17,6 +17,8 @@ class GpuSequenceBackend : public SequenceBackend {
     used = g_.routing();
   }
   void decode(int32_t id, std::vector<float>& logits) override { g_.decode(id, &logits); }
+  int32_t decode_greedy(int32_t id) override { return g_.decode(id, nullptr); }  // argmax on the device
+  int length() const override { return g_.length(); }
   std::string name() const override { return "cuda"; }
   int capacity() const override { return g_.max_ctx(); }
   size_t kv_bytes() const override { return g_.kv_bytes(); }  // live: pages grow as the sequence decodes

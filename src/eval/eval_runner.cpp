@@ -105,14 +105,14 @@ Method method_static(double omega, const HeadScores& scores, HeadMode sparse_mod
 }
 
 const std::vector<std::string>& builtin_method_names() {
+  // The default set; builtin_method also takes any other registered pattern's name (the toy "strided").
   static const std::vector<std::string> v = {"full", "ssa", "xattn", "static@0.5", "static@0.7", "static@0.9"};
   return v;
 }
 
 Method builtin_method(const std::string& name, const Model& m, const HeadScores* scores, const SparseSettings& s) {
-  if (name == "full") return method_uniform(name, HeadMode::Full, s);
-  if (name == "ssa") return method_uniform(name, HeadMode::Streaming, s);
-  if (name == "xattn") return method_uniform(name, HeadMode::XAttn, s);
+  for (const std::string& p : sparse_pattern_names())
+    if (name == p) return method_uniform(name, parse_head_mode(name), s);
   if (name.rfind("static@", 0) == 0) {
     const std::string v = name.substr(7);
     char* end = nullptr;

@@ -24,18 +24,19 @@ class CpuSequenceBackend : public SequenceBackend {
       throw std::invalid_argument("cpu_sequence_backend: prompt of " + std::to_string(prompt.size()) +
                                   " tokens exceeds the capacity of " + std::to_string(capacity_));
     cache_ = KVCache{};
+    counted_ = AttentionStats{};
     const int T = static_cast<int>(prompt.size());
     if (!routing && router) {
       if (router != m_->router.get())
         throw std::invalid_argument("cpu_sequence_backend: the router must be the model's own (Model::router)");
       cache_.init_deferred(m_->config, capacity_);  // routed layer by layer inside the prefill
-      m_->prefill(prompt.data(), T, chunk_, cache_, logits, false);
+      m_->prefill(prompt.data(), T, chunk_, cache_, logits, false, &counted_);
       used = cache_.routing;
       return;
     }
     table_ = routing ? *routing : RoutingTable::all_full(m_->config.n_layers, m_->config.n_kv_heads);
     cache_.init(m_->config, capacity_, &table_);
-    m_->prefill(prompt.data(), T, chunk_, cache_, logits, false, nullptr, &table_);
+    m_->prefill(prompt.data(), T, chunk_, cache_, logits, false, &counted_, &table_);
     used = table_;
   }
 
@@ -47,18 +48,21 @@ class CpuSequenceBackend : public SequenceBackend {
     if (id < 0 || id >= m_->config.vocab)
       throw std::invalid_argument("cpu_sequence_backend: token id " + std::to_string(id) + " is outside the vocabulary");
     // A router-routed cache carries its routing; a table-routed one is decoded under the prefill's table.
-    m_->forward(&id, 1, cache_, logits, false, nullptr, nullptr, false, cache_.routing.n_layers ? nullptr : &table_);
+    m_->forward(&id, 1, cache_, logits, false, &counted_, nullptr, false, cache_.routing.n_layers ? nullptr : &table_);
   }
 
   std::string name() const override { return "cpu"; }
   int capacity() const override { return capacity_; }
   size_t kv_bytes() const override { return cache_.bytes(); }
+  int length() const override { return cache_.length; }
+  const AttentionStats* counted_attention() const override { return &counted_; }
 
  private:
   std::shared_ptr<const Model> m_;
   int capacity_, chunk_;
   KVCache cache_;
   RoutingTable table_;  // the table of a table-routed sequence
+  AttentionStats counted_;  // the sequence's attention work: every prefill and decode row
 };
 
 }  // namespace

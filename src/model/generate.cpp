@@ -1,8 +1,9 @@
 #include <algorithm>
-#include <chrono>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
+#include "elastic/engine.h"
 #include "elastic/generate.h"
 
 namespace elastic {
@@ -30,38 +31,13 @@ int generation_capacity(int64_t prompt_len, int64_t n_new, int64_t context, int 
 std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt, int n_new, int context,
                               const SamplerParams& sp, bool stop_at_eos, GenerateStats* stats,
                               const std::function<void(int32_t)>& on_token, int prefill_chunk) {
-  using clock = std::chrono::steady_clock;
   if (prompt.empty()) throw std::runtime_error("generate: empty prompt");
   const int capacity = generation_capacity(static_cast<int64_t>(prompt.size()), n_new, context, m.config.max_positions);
-  KVCache cache;
-  // Hybrid cache: streaming heads keep sink + window; with a router each layer is sized once it is routed.
-  if (m.router) cache.init_deferred(m.config, capacity);
-  else cache.init(m.config, capacity, &m.routing);
-  Sampler sampler(sp);
-  std::vector<float> logits;
-  std::vector<int32_t> out;
-  auto t0 = clock::now();
-  AttentionStats* as = stats ? &stats->attn : nullptr;
-  m.prefill(prompt.data(), static_cast<int>(prompt.size()), prefill_chunk, cache, logits, false, as);
-  auto t1 = clock::now();
-  for (int i = 0; i < n_new; ++i) {
-    int32_t id = sampler.sample(logits.data(), m.config.vocab);
-    out.push_back(id);
-    if (on_token) on_token(id);
-    if (stop_at_eos && std::find(m.config.eos_ids.begin(), m.config.eos_ids.end(), id) != m.config.eos_ids.end()) break;
-    if (i + 1 == n_new || cache.length >= cache.capacity) break;
-    m.forward(&id, 1, cache, logits, false, as);
-  }
-  auto t2 = clock::now();
-  if (stats) {
-    stats->prompt_tokens = static_cast<int>(prompt.size());
-    stats->new_tokens = static_cast<int>(out.size());
-    stats->prefill_s = std::chrono::duration<double>(t1 - t0).count();
-    stats->decode_s = std::chrono::duration<double>(t2 - t1).count();
-    stats->kv_bytes = cache.bytes();
-    stats->routing = cache.routing.n_layers ? cache.routing : m.routing;
-  }
-  return out;
+  // The engine's loop on the CPU backend; the model outlives the call, so the backend borrows it.
+  const std::shared_ptr<const Model> borrowed(&m, [](const Model*) {});
+  const auto be = cpu_sequence_backend(borrowed, capacity, prefill_chunk);
+  return generate(*be, m.config, prompt, n_new, m.router ? nullptr : &m.routing, m.router.get(), sp, stop_at_eos, stats,
+                  on_token);
 }
 
 }  // namespace elastic

@@ -1,3 +1,4 @@
+#include "elastic/sparse_pattern.h"
 #include "elastic/model.h"
 
 #include "model/cached_attention.h"
@@ -153,13 +154,13 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
 }
 
 namespace {
-// XAttention selects blocks for chunks that start on a block boundary; a chunk size that is not a multiple of the
-// block would leave later chunks' XAttention heads dense without a word. Refused, as the GPU backend refuses it.
+// A pattern with an estimator (XAttention) selects blocks for chunks that start on a block boundary; a chunk size that
+// is not a multiple of the block would leave later chunks' heads dense without a word. Refused, as the GPU refuses it.
 void check_xattn_chunk(const HeadMode* modes, size_t n, int T, int chunk, int block) {
   if (T <= chunk || chunk % block == 0) return;
   for (size_t i = 0; i < n; ++i)
-    if (modes[i] == HeadMode::XAttn)
-      throw std::invalid_argument("prefill: XAttention heads need a chunk size that is a multiple of the block (" +
+    if (sparse_pattern(modes[i]).select)
+      throw std::invalid_argument(std::string("prefill: ") + head_mode_name(modes[i]) + " heads need a chunk size that is a multiple of the block (" +
                                   std::to_string(chunk) + " vs " + std::to_string(block) + ")");
 }
 }  // namespace

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "elastic/sparse_pattern.h"
+
 namespace elastic::train {
 
 template <class Real>
@@ -90,17 +92,16 @@ std::vector<BlockMask> xattn_masks(const Real* q, const Real* k, int T, int Hq, 
                                    const SparseSettings& s) {
   const int group = Hq / Hkv;
   std::vector<BlockMask> m(Hq);
-  XAttnParams xp = s.xattn;
-  xp.block = s.block;
   std::vector<float> qh(static_cast<size_t>(T) * hd), kh(qh.size());
   for (int h = 0; h < Hq; ++h) {
-    if (modes[h / group] != HeadMode::XAttn) continue;
+    const SparsePattern& pat = sparse_pattern(modes[h / group]);
+    if (!pat.select) continue;
     for (int t = 0; t < T; ++t)
       for (int c = 0; c < hd; ++c) {
         qh[static_cast<size_t>(t) * hd + c] = static_cast<float>(q[(static_cast<size_t>(t) * Hq + h) * hd + c]);
         kh[static_cast<size_t>(t) * hd + c] = static_cast<float>(k[(static_cast<size_t>(t) * Hkv + h / group) * hd + c]);
       }
-    m[h] = xattn_select(qh.data(), kh.data(), T, hd, xp);
+    m[h] = pat.select(qh.data(), kh.data(), T, hd, s);
   }
   return m;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "elastic/sparse_pattern.h"
 #include "router/router_mlp.h"
 #include "train/attention_grad.h"
 #include "train/grad_ops.h"

@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 
+#include "elastic/engine.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_ops.h"
 #include "elastic/gpu_model.h"
@@ -162,8 +163,8 @@ TEST_P(GpuModelTest, DecodeStepsMatchCpuWithAndWithoutGraphs) {
   EXPECT_EQ(g_graph->length(), int(ids.size() + next.size()));
 }
 
-// generate prints the same routing figures on both devices: the GPU's are routed_prefill_stats over the rows it ran,
-// which tests/test_model.cpp ties to the CPU's counted work.
+// generate prints the same routing figures on both devices: one engine loop (engine.h) over either backend; the
+// GPU's figures are routed_prefill_stats over the rows it ran, which tests/test_model.cpp ties to the CPU's counts.
 TEST_P(GpuModelTest, GenerateFiguresMatchCpu) {
   SKIP_WITHOUT_GPU();
   TRACED_SEED(seed);
@@ -174,7 +175,7 @@ TEST_P(GpuModelTest, GenerateFiguresMatchCpu) {
   m.routing = mixed(m.config, false);
   GenerateStats cpu, gpu;
   generate(m, ids, 12, 0, SamplerParams{}, false, &cpu);
-  cuda::generate(*g, ids, 12, &m.routing, nullptr, SamplerParams{}, false, &gpu);
+  generate(*cuda::gpu_sequence_backend(*g), m.config, ids, 12, &m.routing, nullptr, SamplerParams{}, false, &gpu);
   EXPECT_LT(cpu.attn.flops_ratio(), 1.0);
   EXPECT_GT(cpu.attn.esr(), 0.0);
   EXPECT_NEAR(gpu.attn.flops_ratio(), cpu.attn.flops_ratio(), 1e-12);
@@ -194,7 +195,8 @@ TEST_P(GpuModelTest, GenerateStopsAtTheContextLikeCpu) {
   GenerateStats cpu, gpu;
   const auto a = generate(m, ids, 20, 105, SamplerParams{}, false, &cpu);
   std::vector<int32_t> b;
-  ASSERT_NO_THROW(b = cuda::generate(*g, ids, 20, nullptr, nullptr, SamplerParams{}, false, &gpu));
+  ASSERT_NO_THROW(b = generate(*cuda::gpu_sequence_backend(*g), m.config, ids, 20, nullptr, nullptr, SamplerParams{},
+                               false, &gpu));
   EXPECT_EQ(a.size(), 6u);
   EXPECT_EQ(b.size(), a.size());
   EXPECT_EQ(g->length(), 105);

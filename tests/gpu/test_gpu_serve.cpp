@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/engine.h"
 #include "elastic/cuda.h"
 #include "elastic/gpu_model.h"
 #include "elastic/server.h"
@@ -64,7 +65,8 @@ TEST(GpuServe, RequestsRunOnTheGpuModel) {
   }
   srv.stop();
   // The device model is free again: greedy generation on it runs the same 16 steps.
-  const auto out = cuda::generate(*g, prompt, 16, &r, nullptr, SamplerParams{}, false, nullptr);
+  const auto out = generate(*cuda::gpu_sequence_backend(*g), g->config(), prompt, 16, &r, nullptr, SamplerParams{}, false,
+                            nullptr);
   EXPECT_EQ(out.size(), 16u);
   fs::remove_all(dir);
 }
