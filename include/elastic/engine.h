@@ -14,7 +14,8 @@ namespace elastic {
 // what the backend counted where it counts (counted_attention), else routed_prefill_stats(used, rows), which equals
 // the CPU's count for full and streaming heads (tests/test_model.cpp) and is NaN with XAttention heads (input
 // dependent: not claimed).
-AttentionStats run_attention_figures(const SequenceBackend& be, const RoutingTable& used, int rows);
+// prompt_only: the figures of the prompt's prefill (rows = its length), else of every row the sequence ran.
+AttentionStats run_attention_figures(const SequenceBackend& be, const RoutingTable& used, int rows, bool prompt_only);
 
 // Prefills `prompt` under `routing` (or `router`'s decision, or all full), then emits up to n_new tokens: stops at an
 // EOS id (stop_at_eos), after n_new, or when the sequence reaches the backend's capacity (the last token is returned,

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "elastic/sequence_backend.h"
 #include "elastic/model.h"
 
 namespace elastic {
@@ -36,10 +37,17 @@ struct LikelihoodScore {
 // logits: [n, V] row t predicts ref[t]. Log-softmax in double precision.
 LikelihoodScore likelihood_from_logits(const float* logits, int V, const std::vector<int32_t>& ref);
 
+// The likelihood of `ref` after `prompt` on a backend: prefill of the prompt under `routing` (or `router`'s decision),
+// then ref[0..n-2] appended by SequenceBackend::extend, so every reference token gets its predicted distribution.
+// `used` receives the routing. Throws on an empty prompt or reference.
+LikelihoodScore backend_likelihood(SequenceBackend& be, const std::vector<int32_t>& prompt,
+                                   const std::vector<int32_t>& ref, const RoutingTable* routing,
+                                   const PromptRouter* router, int V, RoutingTable& used);
 // Prefills prompt (last logits), then prefills ref[0..n-2] with all_logits, so every reference token gets its
 // predicted distribution; the cache is built for `routing` (hybrid when it has streaming heads). routing == nullptr:
 // the model's router (m.router) routes the prompt during its prefill. routed_out (optional) receives the routing used.
-// stats (optional) accumulates the prompt prefill's attention work (not the reference rows'). Throws when prompt + ref exceeds the model context.
+// stats (optional) receives the prompt prefill's attention work (not the reference rows'). backend_likelihood on the
+// CPU backend. Throws when prompt + ref exceeds the model context.
 LikelihoodScore reference_likelihood(const Model& m, const std::vector<int32_t>& prompt,
                                      const std::vector<int32_t>& ref, const RoutingTable* routing,
                                      AttentionStats* stats = nullptr, int prefill_chunk = 16384,

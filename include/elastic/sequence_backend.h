@@ -24,13 +24,21 @@ class SequenceBackend {
   // Appends one token; returns the greedy next id (the first largest logit, as Sampler's greedy). A backend may pick it
   // where the logits are (the GPU: on the device, without copying them out).
   virtual int32_t decode_greedy(int32_t id);
+  // Appends `ids` and writes the logits of each of their rows ([ids.size(), V]): a likelihood's reference. By
+  // default one decode step per id; the CPU runs them as one prefill chunk (XAttention heads then select blocks for
+  // the chunk when it starts on a block boundary, where decode steps attend densely).
+  virtual void extend(const std::vector<int32_t>& ids, std::vector<float>& all_logits);
   virtual int length() const = 0;  // positions the current sequence holds
   virtual std::string name() const = 0;  // "cuda", "cpu"; recorded in run.json
   virtual int capacity() const = 0;      // positions a sequence may hold (prompt + generated tokens)
   virtual size_t kv_bytes() const { return 0; }  // the current sequence's KV caches (0 = not known)
-  // The attention work this sequence's rows ran, where the backend counts it (the CPU: blocks each row computed,
-  // XAttention's selections included); nullptr: not counted (the engine then uses the routing's figures).
-  virtual const AttentionStats* counted_attention() const { return nullptr; }
+  // The attention work this sequence ran, where the backend counts it (the CPU: blocks each row computed, XAttention's
+  // selections included): its prompt's prefill, or every row since (decode steps, extend); nullptr: not counted (the
+  // engine then uses the routing's figures).
+  virtual const AttentionStats* counted_attention(bool prompt_only) const {
+    (void)prompt_only;
+    return nullptr;
+  }
 };
 
 // The CPU model as a SequenceBackend, caches of `capacity` positions, prefill in chunks of `prefill_chunk`. A router

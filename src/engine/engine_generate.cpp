@@ -13,8 +13,17 @@ int32_t SequenceBackend::decode_greedy(int32_t id) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-AttentionStats run_attention_figures(const SequenceBackend& be, const RoutingTable& used, int rows) {
-  if (const AttentionStats* counted = be.counted_attention()) return *counted;
+void SequenceBackend::extend(const std::vector<int32_t>& ids, std::vector<float>& all_logits) {
+  all_logits.clear();
+  std::vector<float> row;
+  for (const int32_t id : ids) {
+    decode(id, row);
+    all_logits.insert(all_logits.end(), row.begin(), row.end());
+  }
+}
+
+AttentionStats run_attention_figures(const SequenceBackend& be, const RoutingTable& used, int rows, bool prompt_only) {
+  if (const AttentionStats* counted = be.counted_attention(prompt_only)) return *counted;
   return routed_prefill_stats(used, rows);
 }
 
@@ -51,7 +60,7 @@ std::vector<int32_t> generate(SequenceBackend& be, const ModelConfig& c, const s
     stats->decode_s = std::chrono::duration<double>(clock::now() - t1).count();
     stats->kv_bytes = be.kv_bytes();
     stats->routing = used;
-    stats->attn = run_attention_figures(be, used, be.length());  // the rows that ran: prompt + fed tokens
+    stats->attn = run_attention_figures(be, used, be.length(), false);  // the rows that ran: prompt + fed tokens
   }
   return out;
 }

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "elastic/engine.h"
 #include "elastic/sparse_pattern.h"
 #include "elastic/eval.h"
 #include "elastic/haystack.h"
@@ -195,27 +196,6 @@ SampleResult SampleResult::from_json(const json& j, const std::string& where) {
   return r;
 }
 
-namespace {
-
-// The likelihood of a reference and the greedy generation on a SequenceBackend (same rules as the CPU paths).
-LikelihoodScore backend_likelihood(SequenceBackend& be, const std::vector<int32_t>& prompt,
-                                   const std::vector<int32_t>& ref, const RoutingTable* r, const PromptRouter* router,
-                                   int V, RoutingTable& used) {
-  if (prompt.empty()) throw std::runtime_error("likelihood: empty prompt");
-  if (ref.empty()) throw std::runtime_error("likelihood: empty reference");
-  std::vector<float> logits, all;
-  be.prefill(prompt, r, router, logits, used);
-  all = logits;  // row 0 predicts ref[0]
-  for (size_t i = 0; i + 1 < ref.size(); ++i) {
-    be.decode(ref[i], logits);
-    all.insert(all.end(), logits.begin(), logits.end());
-  }
-  if (all.size() != ref.size() * static_cast<size_t>(V)) throw std::runtime_error("likelihood: unexpected logits shape");
-  return likelihood_from_logits(all.data(), V, ref);
-}
-
-}  // namespace
-
 SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& s, const RoutingTable* r,
                         int prefill_chunk, SequenceBackend* backend) {
   using clock = std::chrono::steady_clock;
@@ -226,48 +206,57 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
     throw std::runtime_error("routing table is " + std::to_string(r->n_layers) + " x " + std::to_string(r->n_kv_heads) +
                              ", the model has " + std::to_string(c.n_layers) + " x " + std::to_string(c.n_kv_heads));
   const int T = static_cast<int>(s.prompt_ids.size());
+  if (T == 0) throw std::runtime_error(s.task + ": empty prompt");
   SampleResult out;
   out.task = s.task;
   out.task_class = s.task_class;
   out.metric = task_metric_name(s.metric);
   out.length = T;
-  RoutingTable used = r ? *r : RoutingTable{};
-  AttentionStats st;
+  const bool likelihood = s.metric == TaskMetric::Likelihood;
+  // Positions the sample needs: the prompt, then the reference rows or the generated tokens fed back.
+  int n_new = 0, need = 0;
+  if (likelihood) {
+    if (s.reference_ids.empty()) throw std::runtime_error(s.task + ": empty reference");
+    need = T + static_cast<int>(s.reference_ids.size()) - 1;
+    if (c.max_positions > 0 && need > c.max_positions)
+      throw std::runtime_error("likelihood: prompt (" + std::to_string(T) + ") + reference (" +
+                               std::to_string(s.reference_ids.size()) + ") tokens exceed the model context " +
+                               std::to_string(c.max_positions));
+  } else {
+    // Generation budget: the task's, cut to what the model's context leaves.
+    const int room = c.max_positions > 0 ? c.max_positions - T + 1 : s.max_new_tokens;
+    n_new = std::min(s.max_new_tokens, room);
+    if (n_new < 1)
+      throw std::runtime_error(s.task + ": a " + std::to_string(T) + "-token prompt leaves no room to generate in the model's " +
+                               std::to_string(c.max_positions) + "-token context");
+    need = T + n_new - 1;
+  }
+  // One path on every device: the given backend, or the CPU model as a backend sized for this sample.
+  std::shared_ptr<SequenceBackend> own;
+  if (!backend) {
+    own = cpu_sequence_backend(std::shared_ptr<const Model>(&m, [](const Model*) {}), need, prefill_chunk);
+    backend = own.get();
+  }
+  RoutingTable used;
+  std::vector<float> logits;
   const auto t0 = clock::now();
-  if (s.metric == TaskMetric::Likelihood) {
+  if (likelihood) {
     const LikelihoodScore ls =
-        backend ? backend_likelihood(*backend, s.prompt_ids, s.reference_ids, r, m.router.get(), c.vocab, used)
-                : reference_likelihood(m, s.prompt_ids, s.reference_ids, r, &st, prefill_chunk, &used);
+        backend_likelihood(*backend, s.prompt_ids, s.reference_ids, r, r ? nullptr : m.router.get(), c.vocab, used);
     out.logprob = ls.mean_logprob;
     out.greedy_acc = ls.greedy_acc;
     out.score = ls.score();
     out.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
   } else {
-    // Generation budget: the task's, cut to what the model's context leaves.
-    const int room = c.max_positions > 0 ? c.max_positions - T + 1 : s.max_new_tokens;
-    const int n_new = std::min(s.max_new_tokens, room);
-    if (n_new < 1)
-      throw std::runtime_error(s.task + ": a " + std::to_string(T) + "-token prompt leaves no room to generate in the model's " +
-                               std::to_string(c.max_positions) + "-token context");
-    KVCache cache;
-    std::vector<float> logits;
-    if (backend) {
-      backend->prefill(s.prompt_ids, r, m.router.get(), logits, used);
-    } else {
-      if (r) cache.init(c, T + n_new - 1, r);
-      else cache.init_deferred(c, T + n_new - 1);  // routed prefill: each layer is sized once the router decides
-      m.prefill(s.prompt_ids.data(), T, prefill_chunk, cache, logits, false, &st, r);
-      if (!r) used = cache.routing;
-    }
+    backend->prefill(s.prompt_ids, r, r ? nullptr : m.router.get(), logits, used);
     const auto t1 = clock::now();
     Sampler greedy(SamplerParams{});
+    int32_t id = greedy.sample(logits.data(), c.vocab);
     for (int i = 0; i < n_new; ++i) {
-      int32_t id = greedy.sample(logits.data(), c.vocab);
       if (std::find(c.eos_ids.begin(), c.eos_ids.end(), id) != c.eos_ids.end()) break;
       out.prediction_ids.push_back(id);
       if (i + 1 == n_new) break;
-      if (backend) backend->decode(id, logits);
-      else m.forward(&id, 1, cache, logits, false, nullptr, nullptr, false, &used);  // figures: the prompt's only
+      id = backend->decode_greedy(id);
     }
     const auto t2 = clock::now();
     out.prefill_s = std::chrono::duration<double>(t1 - t0).count();
@@ -283,9 +272,9 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
     }
   }
   out.wall_s = std::chrono::duration<double>(clock::now() - t0).count();
-  // ESR and FLOPs describe the prompt's prefill on both paths (decode steps are not counted): the CPU counts the
-  // blocks it computed, a backend reports them from the routing.
-  if (backend) st = routed_prefill_stats(used, T);
+  // ESR and FLOPs describe the prompt's prefill (reference rows and decode steps are how the sample is read, not
+  // its input's attention work): counted on the CPU, from the routing on a backend that does not count.
+  const AttentionStats st = run_attention_figures(*backend, used, T, true);
   out.n_layers = used.n_layers;
   out.n_kv_heads = used.n_kv_heads;
   for (HeadMode md : used.mode) out.modes += mode_char(md);

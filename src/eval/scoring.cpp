@@ -1,3 +1,4 @@
+#include "elastic/sequence_backend.h"
 #include "elastic/scoring.h"
 
 #include <algorithm>
@@ -122,20 +123,26 @@ LikelihoodScore reference_likelihood(const Model& m, const std::vector<int32_t>&
     throw std::runtime_error("likelihood: prompt (" + std::to_string(prompt.size()) + ") + reference (" +
                              std::to_string(ref.size()) + ") tokens exceed the model context " +
                              std::to_string(m.config.max_positions));
-  KVCache cache;
-  if (routing) cache.init(m.config, need, routing);
-  else cache.init_deferred(m.config, need);  // the router sizes each layer as it decides
-  std::vector<float> last, rows;
-  m.prefill(prompt.data(), static_cast<int>(prompt.size()), prefill_chunk, cache, last, false, stats, routing);
-  const RoutingTable used = routing ? *routing : cache.routing;
-  std::vector<float> all(last.begin(), last.end());  // row 0 predicts ref[0]
+  const auto be = cpu_sequence_backend(std::shared_ptr<const Model>(&m, [](const Model*) {}), need, prefill_chunk);
+  RoutingTable used;
+  const LikelihoodScore ls = backend_likelihood(*be, prompt, ref, routing, routing ? nullptr : m.router.get(), V, used);
+  if (stats) *stats = *be->counted_attention(true);  // the prompt's work: the reference rows are how it is read
+  if (routed_out) *routed_out = used;
+  return ls;
+}
+
+LikelihoodScore backend_likelihood(SequenceBackend& be, const std::vector<int32_t>& prompt,
+                                   const std::vector<int32_t>& ref, const RoutingTable* routing,
+                                   const PromptRouter* router, int V, RoutingTable& used) {
+  if (prompt.empty()) throw std::runtime_error("likelihood: empty prompt");
+  if (ref.empty()) throw std::runtime_error("likelihood: empty reference");
+  std::vector<float> all, rows;
+  be.prefill(prompt, routing, router, all, used);  // row 0 (the prompt's last position) predicts ref[0]
   if (ref.size() > 1) {
-    // stats stay the prompt's: the reference rows are how the score is read, not part of the input's attention work.
-    m.prefill(ref.data(), static_cast<int>(ref.size()) - 1, prefill_chunk, cache, rows, true, nullptr, &used);
+    be.extend(std::vector<int32_t>(ref.begin(), ref.end() - 1), rows);
     all.insert(all.end(), rows.begin(), rows.end());
   }
   if (all.size() != ref.size() * static_cast<size_t>(V)) throw std::runtime_error("likelihood: unexpected logits shape");
-  if (routed_out) *routed_out = used;
   return likelihood_from_logits(all.data(), V, ref);
 }
 

@@ -32,12 +32,14 @@ class CpuSequenceBackend : public SequenceBackend {
       cache_.init_deferred(m_->config, capacity_);  // routed layer by layer inside the prefill
       m_->prefill(prompt.data(), T, chunk_, cache_, logits, false, &counted_);
       used = cache_.routing;
+      prompt_counted_ = counted_;
       return;
     }
     table_ = routing ? *routing : RoutingTable::all_full(m_->config.n_layers, m_->config.n_kv_heads);
     cache_.init(m_->config, capacity_, &table_);
     m_->prefill(prompt.data(), T, chunk_, cache_, logits, false, &counted_, &table_);
     used = table_;
+    prompt_counted_ = counted_;
   }
 
   void decode(int32_t id, std::vector<float>& logits) override {
@@ -51,18 +53,37 @@ class CpuSequenceBackend : public SequenceBackend {
     m_->forward(&id, 1, cache_, logits, false, &counted_, nullptr, false, cache_.routing.n_layers ? nullptr : &table_);
   }
 
+  void extend(const std::vector<int32_t>& ids, std::vector<float>& all_logits) override {
+    if (cache_.n_layers == 0) throw std::logic_error("cpu_sequence_backend: extend before prefill");
+    if (ids.empty()) {
+      all_logits.clear();
+      return;
+    }
+    if (int64_t(cache_.length) + int64_t(ids.size()) > cache_.capacity)
+      throw std::invalid_argument("cpu_sequence_backend: " + std::to_string(ids.size()) + " more tokens exceed the capacity of " +
+                                  std::to_string(cache_.capacity) + " positions");
+    for (const int32_t id : ids)
+      if (id < 0 || id >= m_->config.vocab)
+        throw std::invalid_argument("cpu_sequence_backend: token id " + std::to_string(id) + " is outside the vocabulary");
+    m_->prefill(ids.data(), static_cast<int>(ids.size()), chunk_, cache_, all_logits, true, &counted_,
+                cache_.routing.n_layers ? nullptr : &table_);
+  }
+
   std::string name() const override { return "cpu"; }
   int capacity() const override { return capacity_; }
   size_t kv_bytes() const override { return cache_.bytes(); }
   int length() const override { return cache_.length; }
-  const AttentionStats* counted_attention() const override { return &counted_; }
+  const AttentionStats* counted_attention(bool prompt_only) const override {
+    return prompt_only ? &prompt_counted_ : &counted_;
+  }
 
  private:
   std::shared_ptr<const Model> m_;
   int capacity_, chunk_;
   KVCache cache_;
   RoutingTable table_;  // the table of a table-routed sequence
-  AttentionStats counted_;  // the sequence's attention work: every prefill and decode row
+  AttentionStats counted_;         // the sequence's attention work: every prefill, decode and extend row
+  AttentionStats prompt_counted_;  // its prompt's prefill
 };
 
 }  // namespace
