@@ -23,19 +23,10 @@
 
 namespace elastic::cuda {
 
-enum class DecodeProjKernel { Gemv, CuBlasLt };
-// ELASTIC_DECODE_PROJ read now (gemv when unset); throws std::invalid_argument naming the variable on another value.
-DecodeProjKernel decode_proj_from_env();
-const char* decode_proj_name(DecodeProjKernel k);
-
 struct GpuOptions {
   // Prefill attention kernel (cuda_attention.h), fixed for the model's life; unset: attention_config_from_env() when
   // the model is built. Printed with the plan.
   std::optional<AttnKernelConfig> attention;
-  // Decode's projections (one row per step): our GEMV with the RMSNorms and SwiGLU fused into its input (cuda_gemv.h),
-  // or cuBLASLt with separate norm and SwiGLU kernels (the prefill's path; kept to measure against). Unset: what
-  // ELASTIC_DECODE_PROJ (gemv, cublaslt) names when the model is built, gemv if unset. Printed with the plan.
-  std::optional<DecodeProjKernel> decode_proj;
   int max_ctx = 8192;   // positions reserved per sequence (prompt + generated tokens)
   int chunk = 16384;    // prefill chunk; a multiple of the sparse block size when XAttention heads run
   bool graphs = true;   // decode through a CUDA graph
@@ -64,7 +55,7 @@ struct GpuPrefillStats {
 struct GpuDecodeParts {
   enum Part {
     EmbedPlan,  // embedding row + the paged decode planner
-    Norms,      // RMSNorms before attention and MLP, and the final one (0 with the GEMV: fused into the projections)
+    Norms,      // RMSNorms before attention and MLP, and the final one
     Qkv,        // q/k/v projection (one GEMV)
     QkvPost,    // q/k norms, RoPE, writing the new K/V into its pages
     Attention,  // paged decode attention (partial + merge)

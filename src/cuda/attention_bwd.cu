@@ -25,6 +25,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "elastic/streaming_rule.h"
 #include "elastic/cuda.h"
 #include "cuda/mma_sync.cuh"
 #include "elastic/cuda_attention_bwd.h"
@@ -114,7 +115,7 @@ __global__ void attn_bwd_preprocess(const __nv_bfloat16* __restrict__ out, const
 // Whether query block qb of query head h computes key block kb (qb >= kb).
 __device__ __forceinline__ bool block_keeps(const KVHeadMeta& m, const XAttnBlockLists& xl, int h, int nb, int qb,
                                             int kb) {
-  if (m.mode == 1) return kb < m.sink_blocks || qb - kb < m.local_blocks;
+  if (m.mode == 1) return streaming_block_kept(qb, kb, StreamingBlocks{m.sink_blocks, m.local_blocks});
   if (m.mode == 2 && xl.blocks != nullptr) {
     const int n = xl.counts[h * nb + qb];
     const int32_t* l = xl.blocks + xl.offsets[h * nb + qb];

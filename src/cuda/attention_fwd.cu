@@ -27,6 +27,7 @@
 #include "cuda/env_choice.h"
 #include "cuda/mma_sync.cuh"
 #include "cuda/tile_walk.h"
+#include "elastic/streaming_rule.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
 
@@ -827,8 +828,9 @@ KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block) {
   if (sink < 0 || local < 0) throw std::invalid_argument("make_kv_head_meta: sink and local must be >= 0");
   KVHeadMeta m;
   m.mode = mode;
-  m.sink_blocks = (sink + block - 1) / block;
-  m.local_blocks = std::max(1, (local + block - 1) / block);
+  const StreamingBlocks b = streaming_blocks(sink, local, block);
+  m.sink_blocks = b.sink_blocks;
+  m.local_blocks = b.local_blocks;
   return m;
 }
 

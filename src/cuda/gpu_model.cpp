@@ -10,7 +10,6 @@
 
 #include "cuda/gpu_model_impl.h"
 #include "elastic/cuda.h"
-#include "elastic/cuda_gemv.h"
 #include "elastic/cuda_ops.h"
 #include "elastic/sparse_pattern.h"
 
@@ -304,23 +303,6 @@ void GpuModel::Impl::decode_body() {
   cudaStream_t st = stream;
   int32_t* io = d_io;  // [input id, next id, pos, n_pos]
   uint16_t* x = d_x.as<uint16_t>();
-  const bool gemv = *o.decode_proj == DecodeProjKernel::Gemv;
-  // y[n_out] = RMSNorm(x) * W^T: one GEMV with the norm fused into its input, or the norm kernel then cuBLASLt.
-  auto normed_proj = [&](const uint16_t* in, const uint16_t* norm_w, const uint16_t* w, void* y, int n_out, int k,
-                         bool f32) {
-    if (gemv) {
-      GemvParams g;
-      g.x = in, g.w = w, g.y = y, g.n = n_out, g.k = k, g.y_f32 = f32, g.norm_w = norm_w, g.eps = c.rms_eps;
-      gemv_bf16(g, st);
-      return;
-    }
-    rmsnorm_bf16_stream(in, norm_w, d_xn.as<uint16_t>(), 1, k, c.rms_eps, st);
-    mark(GpuDecodeParts::Norms);
-    if (f32)
-      gemm->bf16_out_f32(d_xn.as<uint16_t>(), w, static_cast<float*>(y), 1, n_out, k, st);
-    else
-      gemm->bf16(d_xn.as<uint16_t>(), w, static_cast<uint16_t*>(y), 1, n_out, k, st);
-  };
   mark(GpuDecodeParts::EmbedPlan);  // the start
   embed_rows_bf16(embed.as<uint16_t>(), io, x, 1, D, V, st);
   // Every layer's units for this step's kept counts (prepare_step wrote them).
@@ -330,7 +312,9 @@ void GpuModel::Impl::decode_body() {
   for (int l = 0; l < c.n_layers; ++l) {
     const GpuLayer& W = layers[l];
     const size_t off = size_t(l) * Hkv;
-    normed_proj(x, W.attn_norm.as<uint16_t>(), W.w_qkv.as<uint16_t>(), d_qkv.ptr, N, D, false);
+    rmsnorm_bf16_stream(x, W.attn_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
+    mark(GpuDecodeParts::Norms);
+    gemm->bf16(d_xn.as<uint16_t>(), W.w_qkv.as<uint16_t>(), d_qkv.as<uint16_t>(), 1, N, D, st);
     mark(GpuDecodeParts::Qkv);
     QkvPostParams qp;
     qp.qkv = d_qkv.as<uint16_t>();
@@ -372,27 +356,18 @@ void GpuModel::Impl::decode_body() {
       ELASTIC_CUDA_CHECK(cudaMemcpyAsync(dst.data(), probe_probs.ptr, dst.size() * sizeof(float),
                                          cudaMemcpyDeviceToHost, st));
     }
-    if (gemv) {
-      GemvParams g;
-      g.x = d_attn.as<uint16_t>(), g.w = W.wo.as<uint16_t>(), g.y = x, g.n = D, g.k = Hq * hd, g.accumulate = true;
-      gemv_bf16(g, st);
-    } else {
-      gemm->bf16(d_attn.as<uint16_t>(), W.wo.as<uint16_t>(), x, 1, D, Hq * hd, st, nullptr, 1.f);
-    }
+    gemm->bf16(d_attn.as<uint16_t>(), W.wo.as<uint16_t>(), x, 1, D, Hq * hd, st, nullptr, 1.f);
     mark(GpuDecodeParts::OProj);
-    normed_proj(x, W.mlp_norm.as<uint16_t>(), W.w_gu.as<uint16_t>(), d_gu.ptr, 2 * F, D, false);
-    if (gemv) {
-      GemvParams g;
-      g.x = d_gu.as<uint16_t>(), g.w = W.w_down.as<uint16_t>(), g.y = x, g.n = D, g.k = F, g.accumulate = true;
-      g.swiglu = true;
-      gemv_bf16(g, st);
-    } else {
-      swiglu_bf16(d_gu.as<uint16_t>(), d_act.as<uint16_t>(), 1, F, st);
-      gemm->bf16(d_act.as<uint16_t>(), W.w_down.as<uint16_t>(), x, 1, D, F, st, nullptr, 1.f);
-    }
+    rmsnorm_bf16_stream(x, W.mlp_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
+    mark(GpuDecodeParts::Norms);
+    gemm->bf16(d_xn.as<uint16_t>(), W.w_gu.as<uint16_t>(), d_gu.as<uint16_t>(), 1, 2 * F, D, st);
+    swiglu_bf16(d_gu.as<uint16_t>(), d_act.as<uint16_t>(), 1, F, st);
+    gemm->bf16(d_act.as<uint16_t>(), W.w_down.as<uint16_t>(), x, 1, D, F, st, nullptr, 1.f);
     mark(GpuDecodeParts::Mlp);
   }
-  normed_proj(x, final_norm.as<uint16_t>(), head_weight(), logits.ptr, V, D, true);
+  rmsnorm_bf16_stream(x, final_norm.as<uint16_t>(), d_xn.as<uint16_t>(), 1, D, c.rms_eps, st);
+  mark(GpuDecodeParts::Norms);
+  gemm->bf16_out_f32(d_xn.as<uint16_t>(), head_weight(), logits.as<float>(), 1, V, D, st);
   argmax_rows_f32(logits.as<float>(), 1, V, io + 1, st);
   mark(GpuDecodeParts::Logits);
 }

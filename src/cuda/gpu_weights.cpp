@@ -7,7 +7,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "cuda/env_choice.h"
 #include "cuda/gpu_model_impl.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_ops.h"
@@ -55,15 +54,7 @@ void check_shape(const ModelConfig& c) {
   if (c.n_heads / c.n_kv_heads > 16) throw std::invalid_argument("gpu: more than 16 query heads per KV head");
 }
 
-constexpr Choice<DecodeProjKernel> kDecodeProjNames[] = {{"gemv", DecodeProjKernel::Gemv},
-                                                         {"cublaslt", DecodeProjKernel::CuBlasLt}};
-
 }  // namespace
-
-DecodeProjKernel decode_proj_from_env() {
-  return env_choice("ELASTIC_DECODE_PROJ", kDecodeProjNames, DecodeProjKernel::Gemv);
-}
-const char* decode_proj_name(DecodeProjKernel k) { return choice_name(kDecodeProjNames, k); }
 
 std::string gib(size_t b) {
   char s[32];
@@ -111,10 +102,7 @@ void GpuModel::Impl::init_common() {
   plan.kv_full = size_t(n_pages) * page_bytes() * 2;  // the K and V pools: every head full at max_ctx
   target_units = paged_target_units();
   if (!o.attention) o.attention = attention_config_from_env();  // read once: no launch reads the environment
-  if (!o.decode_proj) o.decode_proj = decode_proj_from_env();
-  plan.kernels = "attention " + describe_attention(*o.attention, Hq, Hkv) + "; decode " + describe_paged_decode() +
-                 "; decode projections " + decode_proj_name(*o.decode_proj) +
-                 (*o.decode_proj == DecodeProjKernel::Gemv ? " (a warp per feature, norms and SwiGLU fused)" : "");
+  plan.kernels = "attention " + describe_attention(*o.attention, Hq, Hkv) + "; decode " + describe_paged_decode();
   max_units = paged_max_units(int64_t(Hkv) * pages_per_head * kPageSize, Hkv, target_units);
   const size_t dec_ws = size_t(paged_decode_workspace_floats(max_units, Hq / Hkv, hd)) * 4;
   const size_t step_bytes = 16 + size_t(c.n_layers) * Hkv * (sizeof(PagedDecodeHead) + sizeof(int64_t));

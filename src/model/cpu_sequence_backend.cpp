@@ -1,5 +1,6 @@
 // The CPU model behind the SequenceBackend interface: the same prefill (routed by a table or by the model's router,
 // into a hybrid cache) and decode steps as Model::prefill / Model::forward, one sequence at a time.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -53,6 +54,11 @@ class CpuSequenceBackend : public SequenceBackend {
     m_->forward(&id, 1, cache_, logits, false, &counted_, nullptr, false, cache_.routing.n_layers ? nullptr : &table_);
   }
 
+  int32_t decode_greedy(int32_t id) override {  // into a kept buffer: no vocabulary-sized allocation a token
+    decode(id, step_logits_);
+    return static_cast<int32_t>(std::max_element(step_logits_.begin(), step_logits_.end()) - step_logits_.begin());
+  }
+
   void extend(const std::vector<int32_t>& ids, std::vector<float>& all_logits) override {
     if (cache_.n_layers == 0) throw std::logic_error("cpu_sequence_backend: extend before prefill");
     if (ids.empty()) {
@@ -84,6 +90,7 @@ class CpuSequenceBackend : public SequenceBackend {
   RoutingTable table_;  // the table of a table-routed sequence
   AttentionStats counted_;         // the sequence's attention work: every prefill, decode and extend row
   AttentionStats prompt_counted_;  // its prompt's prefill
+  std::vector<float> step_logits_;  // decode_greedy's
 };
 
 }  // namespace

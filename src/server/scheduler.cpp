@@ -1,14 +1,13 @@
-// The batching scheduler: one engine thread owns the model. Requests wait in a FIFO queue until a slot and their KV
-// bytes fit; each admitted request is prefilled alone (its own routing and hybrid cache), then the decode steps of
-// all running requests run together through decode_batch. With a SequenceBackend (the GPU model) there is one slot
-// and the request's prefill and decode steps run on the backend.
+// The batching scheduler: one engine thread owns a BatchBackend (batch_backend.h). Requests wait in a FIFO queue
+// until a slot and, where the backend allocates per sequence, their KV bytes fit; each admitted request is prefilled
+// alone (its own routing and memory), then the decode steps of all running requests run together. The CPU model's
+// backend batches them (decode_batch); a SequenceBackend (the GPU model) is one slot.
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdio>
 
 #include "elastic/sparse_pattern.h"
-#include "elastic/batch_decode.h"
 #include "server/server_internal.h"
 
 namespace elastic {
@@ -46,12 +45,10 @@ bool Job::wait_prefilled(std::chrono::milliseconds wait) {
 
 struct Scheduler::Active {
   std::shared_ptr<Job> job;
-  KVCache cache;
+  int slot = -1;         // the backend slot it holds; -1 before admission's prefill and after release
   Sampler sampler;
-  AttentionStats stats;
   int produced = 0;      // sampled tokens (EOS included)
-  int32_t next = -1;     // sampled, not yet in the cache
-  int length = 0;        // positions in the backend's sequence (backend mode; the CPU path uses cache.length)
+  int32_t next = -1;     // sampled, not yet in the sequence
   std::string text;      // generated text so far (bytes)
   size_t sent = 0;       // bytes of `text` already handed to the HTTP side
   bool finished = false;
@@ -63,6 +60,8 @@ Scheduler::Scheduler(const Model& m, const Tokenizer* tok, std::vector<int32_t> 
     : m_(m), tok_(tok), eos_(std::move(eos)), o_(o), met_(met) {
   if (o_.max_slots < 1) throw std::invalid_argument("server: max slots must be >= 1");
   if (o_.backend && o_.max_slots != 1) throw std::invalid_argument("server: a sequence backend has exactly one slot");
+  be_ = o_.backend ? single_slot_backend(o_.backend) : cpu_batch_backend(m_, o_.max_slots, o_.prefill_chunk);
+  for (int s = be_->slots() - 1; s >= 0; --s) free_slots_.push_back(s);
   {
     std::lock_guard g(met_.mu);
     met_.kv_budget = o_.kv_budget_bytes;
@@ -102,8 +101,8 @@ void Scheduler::stop() {
 }
 
 void Scheduler::submit(const std::shared_ptr<Job>& job) {
-  // A backend reserved its caches up front; its limit is the context (checked by the HTTP side), not the budget.
-  if (!o_.backend && job->kv_bytes > o_.kv_budget_bytes)
+  // A backend that holds its memory up front is limited by the context (checked by the HTTP side), not the budget.
+  if (be_->budgets_kv() && job->kv_bytes > o_.kv_budget_bytes)
     throw ApiError(400,
                    "this request needs " + std::to_string(job->kv_bytes) + " bytes of KV cache (prompt + max_tokens = " +
                        std::to_string(job->capacity) + " positions), more than the server's whole KV budget of " +
@@ -195,16 +194,29 @@ void Scheduler::finish(Active& a, const std::string& reason, const std::string& 
   s.prompt_tokens = static_cast<int>(j.prompt.size());
   s.completion_tokens = a.produced;
   s.omega_msr = j.routing.msr();
-  s.omega_esr = a.stats.esr();
-  s.attention_flops_ratio = a.stats.flops_ratio();
-  s.kv_cache_bytes = o_.backend ? (a.t_first > a.t_admit ? o_.backend->kv_bytes() : 0) : a.cache.bytes();
+  if (a.slot >= 0) {
+    try {  // figures are a report: failing to make them must not keep the slot or the reservation
+      const AttentionStats st = be_->figures(a.slot);
+      s.omega_esr = st.esr();
+      s.attention_flops_ratio = st.flops_ratio();
+      s.kv_cache_bytes = be_->kv_bytes(a.slot);
+    } catch (...) {
+    }
+  }
   s.queue_s = secs(a.t_admit - j.submitted);
   s.prefill_s = a.t_first > a.t_admit ? secs(a.t_first - a.t_admit) : 0;
   s.decode_s = a.t_first > a.t_admit ? secs(now - a.t_first) : 0;
   const bool cancelled = reason == "cancelled";
   // Counters and the slot / KV reservation are released before the client can see the end, so a client that
   // has its answer also sees it in /metrics and its slot free.
-  a.cache = KVCache{};
+  if (a.slot >= 0) {
+    try {
+      be_->release(a.slot);
+    } catch (...) {  // the slot is free either way: the next prefill into it starts a new sequence
+    }
+    free_slots_.push_back(a.slot);
+    a.slot = -1;
+  }
   {
     std::lock_guard g(met_.mu);
     if (cancelled) ++met_.requests_cancelled;
@@ -258,7 +270,7 @@ void Scheduler::loop() {
       finish(a, "stop");
       return;
     }
-    const bool full = o_.backend ? a.length >= j.capacity : a.cache.length >= a.cache.capacity;
+    const bool full = be_->length(a.slot) >= be_->capacity(a.slot);
     if (a.produced >= j.max_tokens || full) {
       finish(a, "length");
       return;
@@ -282,7 +294,7 @@ void Scheduler::loop() {
           ++it;
         }
       while (!waiting_.empty() && running_ < o_.max_slots &&
-             (o_.backend || kv_in_use_ + waiting_.front()->kv_bytes <= o_.kv_budget_bytes)) {
+             (!be_->budgets_kv() || kv_in_use_ + waiting_.front()->kv_bytes <= o_.kv_budget_bytes)) {
         admitted.push_back(std::make_unique<Active>(waiting_.front()));
         kv_in_use_ += waiting_.front()->kv_bytes;
         ++running_;
@@ -318,34 +330,18 @@ void Scheduler::loop() {
         continue;
       }
       try {
-        if (o_.backend) {
-          // Router or table, as on the CPU; the backend keeps the sequence's caches itself.
-          RoutingTable used;
-          o_.backend->prefill(j.prompt, j.use_router ? nullptr : &j.routing, j.use_router ? m_.router.get() : nullptr,
-                              logits, used);
-          j.routing = used;
-          a.stats = routed_prefill_stats(used, static_cast<int>(j.prompt.size()));
-          a.length = static_cast<int>(j.prompt.size());
-          if (const size_t kb = o_.backend->kv_bytes()) {  // the gauge shows the backend's own caches
-            std::lock_guard g(mu_);
-            kv_in_use_ = kv_in_use_ - j.kv_bytes + kb;
-            j.kv_bytes = kb;
-            publish_gauges_locked();
-          }
-        } else if (j.use_router) {
-          // The router sizes each layer's cache as it decides; the reservation shrinks to what was allocated.
-          a.cache.init_deferred(m_.config, j.capacity);
-          m_.prefill(j.prompt.data(), static_cast<int>(j.prompt.size()), o_.prefill_chunk, a.cache, logits, false,
-                     &a.stats, nullptr);
-          j.routing = a.cache.routing;
+        // Router or table; the reservation becomes what the sequence holds (a router sizes each layer as it decides).
+        a.slot = free_slots_.back();
+        free_slots_.pop_back();
+        RoutingTable used;
+        be_->prefill(a.slot, j.prompt, j.capacity, j.use_router ? nullptr : &j.routing,
+                     j.use_router ? m_.router.get() : nullptr, logits, used);
+        j.routing = used;
+        if (const size_t kb = be_->kv_bytes(a.slot)) {
           std::lock_guard g(mu_);
-          kv_in_use_ = kv_in_use_ - j.kv_bytes + a.cache.bytes();
-          j.kv_bytes = a.cache.bytes();
+          kv_in_use_ = kv_in_use_ - j.kv_bytes + kb;
+          j.kv_bytes = kb;
           publish_gauges_locked();
-        } else {
-          a.cache.init(m_.config, j.capacity, &j.routing);
-          m_.prefill(j.prompt.data(), static_cast<int>(j.prompt.size()), o_.prefill_chunk, a.cache, logits, false,
-                     &a.stats, &j.routing);
         }
         a.t_first = clock_t_::now();
         {
@@ -367,18 +363,13 @@ void Scheduler::loop() {
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->finished; });
     if (active_.empty()) continue;
 
-    // One decode step for every running request: batched on the CPU model, or the one request on the backend.
+    // One decode step for every running request, batched where the backend batches.
     const auto t0 = clock_t_::now();
     try {
-      if (o_.backend) {
-        o_.backend->decode(active_.front()->next, logits);
-        ++active_.front()->length;
-      } else {
-        std::vector<DecodeSlot> slots;
-        slots.reserve(active_.size());
-        for (auto& a : active_) slots.push_back({a->next, &a->cache, &a->job->routing, &a->stats});
-        decode_batch(m_, slots, logits);
-      }
+      std::vector<int> slots;
+      std::vector<int32_t> ids;
+      for (auto& a : active_) slots.push_back(a->slot), ids.push_back(a->next);
+      be_->decode(slots, ids, logits);
     } catch (...) {
       for (auto& a : active_) fail(*a, std::current_exception());
       active_.clear();

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/batch_backend.h"
 #include "elastic/chat_template.h"
 #include "elastic/generate.h"
 #include "elastic/model.h"
@@ -130,7 +131,8 @@ struct Job {
 };
 
 struct SchedulerOptions {
-  std::shared_ptr<SequenceBackend> backend;  // one sequence at a time on it (max_slots 1), instead of the CPU model
+  std::shared_ptr<SequenceBackend> backend;  // one sequence at a time on it (max_slots 1), instead of the CPU model's
+                                             // slots (cpu_batch_backend)
   int max_slots = 4;
   size_t kv_budget_bytes = size_t(1) << 30;
   int threads = 0;
@@ -158,6 +160,8 @@ class Scheduler {
   bool step_text(Active& a, int32_t id);  // appends a token's text; true when a stop string ended the request
 
   const Model& m_;
+  std::unique_ptr<BatchBackend> be_;  // the engine's slots: the CPU model's, or one on options' SequenceBackend
+  std::vector<int> free_slots_;       // engine thread only
   const Tokenizer* tok_;
   std::vector<int32_t> eos_;
   SchedulerOptions o_;

@@ -1,4 +1,4 @@
-// GPU tests (label gpu): decode's GEMV (cuda_gemv.h) on fresh random bf16 inputs.
+// GPU tests (label gpu): the dev area's GEMV (dev/cuda/gemv.h) on fresh random bf16 inputs.
 //
 // Against a CPU double reference of y = x' W^T: max |gpu - ref| / max |ref| below 1e-2 for bf16 outputs (one bf16
 // rounding is 2^-9 relative; fp32 accumulation adds far less) and 2e-3 for fp32 outputs. The fused input forms are
@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "elastic/cuda_gemv.h"
+#include "gemv.h"
 #include "elastic/cuda_ops.h"
 #include "gpu_test_util.h"
 

@@ -3,15 +3,14 @@
 #include <algorithm>
 
 #include "elastic/sparse_pattern.h"
+#include "elastic/streaming_rule.h"
 
 namespace elastic {
 
 bool streaming_keeps(int qb, int kb, const SparseSettings& s) {
-  // In 64 bits: settings built in code skip validate_sparse, and rounding INT_MAX up to a block would overflow (a
-  // window larger than the sequence then keeps everything, as it should).
-  const int64_t B = s.block, sink_blocks = (int64_t{s.sink} + B - 1) / B;
-  const int64_t local_blocks = std::max<int64_t>(1, (int64_t{s.local} + B - 1) / B);
-  return kb <= qb && (kb < sink_blocks || int64_t{qb} - kb < local_blocks);
+  // Settings built in code skip validate_sparse; streaming_blocks rounds in 64 bits and clamps (a window larger than
+  // the sequence then keeps everything, as it should).
+  return streaming_block_kept(qb, kb, streaming_blocks(s.sink, s.local, s.block));
 }
 
 extern const SparsePattern kStreamingPattern;

@@ -1,8 +1,12 @@
 #pragma once
-// Decode's projections for a few rows (a GEMV per row, memory bound): y[m, n] (+)= sum_k x'[m, k] W[n, k], W in the
+// Dev area (not linked by the engine): a GEMV for decode's projections, y[m, n] (+)= sum_k x'[m, k] W[n, k], W in the
 // Hugging Face [out, in] layout, bf16 inputs, fp32 accumulation. A warp owns an output feature and streams its row of
-// W with 16-byte loads, so the kernel reads W once at close to the copy rate where cuBLASLt's M = 1 path reads the
-// 2560-wide projections at half of it (docs/PERFORMANCE.md, decode parts).
+// W with 16-byte loads (four a lane in flight). Written to replace cuBLASLt's M = 1 path and the separate RMSNorm and
+// SwiGLU launches in the GPU model's decode step; measured inside the model on an H100 (docs/PERFORMANCE.md, decode
+// parts) it was faster for o_proj (0.52 vs 0.56 ms a step) and the logits, slower for the MLP (2.76 vs 2.50 + the
+// norm), and 5% slower over the whole step (4.80 vs 4.57 ms at 8K), so the model stays on cuBLASLt. Kept, with its
+// tests (tests/gpu/test_gemv_cuda.cpp, passing), for the next attempt: its single-load tail passes and the wave of
+// per-block prologues are the suspects.
 //
 // The input row can be made inside the kernel, which removes a launch and a round trip per use:
 //   norm_w set:  x' = bf16(norm_w * (x * rsqrt(mean(x^2) + eps)))   (rmsnorm_bf16's formula and rounding)

@@ -1,4 +1,4 @@
-// Decode's GEMV (cuda_gemv.h). Block = 8 warps; the block first builds the m input rows x' in shared memory (plain
+// Dev area: a decode GEMV (gemv.h), measured slower than cuBLASLt inside the model (see gemv.h). Block = 8 warps; the block first builds the m input rows x' in shared memory (plain
 // copy, RMSNorm or SwiGLU), then each warp takes output features n = block * 8 + warp, + grid * 8, ... and streams
 // W's row n: lane l reads 16-byte chunks l, l + 32, ... four at a time (64 B in flight per lane before any use), dots
 // them with x' from shared memory into one fp32 sum per input row, and the warp reduces by shuffles.
@@ -14,13 +14,14 @@
 #include <string>
 
 #include "elastic/cuda.h"
-#include "elastic/cuda_gemv.h"
+#include "gemv.h"
 
 namespace elastic::cuda {
 namespace {
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kUnroll = 4;  // 16-byte chunks of W in flight per lane
+constexpr size_t kMaxSmem = 160u << 10;  // the rebuilt inputs x' (m * k bf16) gemv_bf16 accepts
 
 __device__ __forceinline__ float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
@@ -142,14 +143,12 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvParams p) {
 
 template <int M, bool F32, bool VEC>
 void launch(const GemvParams& p, size_t smem, cudaStream_t stream) {
-  // Large K (a 14336-wide MLP at m = 4 needs 112 KiB) needs the opt-in shared memory limit; set once per kernel.
+  // Large K (a 14336-wide MLP at m = 4 needs 112 KiB) needs the opt-in shared memory limit; set once per kernel to
+  // the most gemv_bf16 accepts (kMaxSmem, below every sm_90 part's 227 KiB opt-in).
   static std::once_flag once;
   std::call_once(once, [] {
-    int dev = 0, optin = 0;
-    ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
-    ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     ELASTIC_CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<M, F32, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            optin - int(sizeof(float) * (kWarps + 1))));
+                                            int(kMaxSmem)));
   });
   static int sms = [] {
     int dev = 0, n = 0;
@@ -197,7 +196,7 @@ void gemv_bf16(const GemvParams& p, cudaStream_t stream) {
   const size_t y_bytes = size_t(p.m) * p.n * (p.y_f32 ? 4 : 2);
   need(!overlaps(p.x, x_bytes, p.y, y_bytes), "x and y overlap (blocks read x while others write y)");
   const size_t smem = size_t(p.m) * p.k * 2;
-  need(smem <= (160u << 10), "m * k bf16 inputs must fit 160 KiB of shared memory, got m " + std::to_string(p.m) +
+  need(smem <= kMaxSmem, "m * k bf16 inputs must fit 160 KiB of shared memory, got m " + std::to_string(p.m) +
                                  ", k " + std::to_string(p.k));
   const bool vec = p.k % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
   if (p.y_f32)

@@ -1,0 +1,42 @@
+#pragma once
+// Several sequences at once, each in a slot: what the server's scheduler runs on, the same on every device. The CPU
+// model batches its decode steps (decode_batch: one GEMM over every slot's row, attention per slot under its own
+// routing); a SequenceBackend (the GPU model until it batches) serves one slot.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "elastic/sequence_backend.h"
+
+namespace elastic {
+
+class BatchBackend {
+ public:
+  virtual ~BatchBackend() = default;
+  virtual int slots() const = 0;
+  // True when each sequence's KV memory is allocated for it (the CPU's caches, sized by kv_cache_bytes_for), so
+  // admission reserves bytes against a budget; false when the backend holds its memory already (the GPU's pages).
+  virtual bool budgets_kv() const = 0;
+  // Starts a sequence in free slot `slot` with room for `capacity` positions: prefill of `prompt` under `routing`,
+  // or `router`'s decisions. Writes the last position's logits [V] and the routing used.
+  virtual void prefill(int slot, const std::vector<int32_t>& prompt, int capacity, const RoutingTable* routing,
+                       const PromptRouter* router, std::vector<float>& logits, RoutingTable& used) = 0;
+  // One decode step: ids[b] appended to slots[b]. logits [slots.size(), V], row b for slots[b]. Throws before
+  // changing any sequence when one cannot take the step.
+  virtual void decode(const std::vector<int>& slots, const std::vector<int32_t>& ids, std::vector<float>& logits) = 0;
+  virtual void release(int slot) = 0;  // frees the slot's sequence and its memory
+  virtual int length(int slot) const = 0;
+  virtual int capacity(int slot) const = 0;
+  virtual size_t kv_bytes(int slot) const = 0;
+  // The slot's attention figures (run_attention_figures' rule): counted work where the backend counts, else the
+  // routing's figures over the rows the sequence ran.
+  virtual AttentionStats figures(int slot) const = 0;
+};
+
+// The CPU model with `slots` slots, prefill in chunks of `prefill_chunk` (the model outlives the backend).
+std::unique_ptr<BatchBackend> cpu_batch_backend(const Model& m, int slots, int prefill_chunk);
+// One slot on a SequenceBackend.
+std::unique_ptr<BatchBackend> single_slot_backend(std::shared_ptr<SequenceBackend> be);
+
+}  // namespace elastic
