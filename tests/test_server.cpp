@@ -1158,6 +1158,8 @@ TEST(ServerLimits, RouterBudgetAndNoChatTemplate) {
   ssa.sparse.local = 64;
   EXPECT_EQ(sparse["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(cfg, 400, ssa));
   EXPECT_LT(sparse["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(cfg, 400, full));
+  // What routing saved: the same request with every head full.
+  EXPECT_EQ(sparse["elastic"]["kv_cache_bytes_if_full"].get<size_t>(), kv_cache_bytes_for(cfg, 400, full));
   EXPECT_LT(sparse["elastic"]["attention_flops_ratio"].get<double>(), 1.0);
 
   // Three requests that each need most of the budget: they run one after another, all served.
@@ -1175,6 +1177,16 @@ TEST(ServerLimits, RouterBudgetAndNoChatTemplate) {
   EXPECT_EQ(ok, 3);
   EXPECT_GE(metric(c, "elastic_requests_waited_total") - waited0, 1);
   EXPECT_DOUBLE_EQ(metric(c, "elastic_omega_msr_mean"), 1.0 / 4);  // 1 sparse of 4 finished requests
+  // Latency histograms: one first token per request that produced one; one inter-token gap per later token.
+  const double produced = metric(c, "elastic_generation_tokens_total");
+  EXPECT_EQ(metric(c, "elastic_time_to_first_token_seconds_count"), 4);
+  EXPECT_EQ(metric(c, "elastic_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), 4);
+  EXPECT_EQ(metric(c, "elastic_inter_token_latency_seconds_count"), produced - 4);
+  EXPECT_GT(metric(c, "elastic_inter_token_latency_seconds_sum"), 0);
+  EXPECT_LE(metric(c, "elastic_time_to_first_token_seconds_bucket{le=\"0.01\"}"),
+            metric(c, "elastic_time_to_first_token_seconds_bucket{le=\"120\"}"));  // cumulative
+  EXPECT_EQ(metric(c, "elastic_kv_cache_bytes_if_full"), 0);  // nothing running
+  EXPECT_EQ(metric(c, "elastic_kv_cache_bytes_saved"), 0);
   srv.stop();
   fs::remove_all(dir);
 }

@@ -29,6 +29,7 @@ class BatchBackend {
   virtual int length(int slot) const = 0;
   virtual int capacity(int slot) const = 0;
   virtual size_t kv_bytes(int slot) const = 0;
+  virtual size_t kv_bytes_all_full(int slot) const = 0;  // the same sequence with every head full
   // The slot's attention figures (run_attention_figures' rule): counted work where the backend counts, else the
   // routing's figures over the rows the sequence ran.
   virtual AttentionStats figures(int slot) const = 0;

@@ -103,6 +103,7 @@ class GpuModel {
   int length() const;
   int max_ctx() const;  // positions a sequence may hold (GpuOptions::max_ctx)
   size_t kv_bytes() const;  // K and V bytes of the pages the current sequence holds now (they grow as it decodes)
+  size_t kv_bytes_all_full() const;  // the pages it would hold now were every head full
   const RoutingTable& routing() const;  // the current sequence's routing
 
   struct Impl;

@@ -54,6 +54,7 @@ struct KVCache {
   // (Re)allocates layer l's heads for their modes: streaming heads get sink + window slots when that is smaller.
   void allocate_layer(int layer, const HeadMode* modes, const SparseSettings& sparse);
   size_t bytes() const;
+  size_t bytes_all_full() const;  // what the cache would hold at its capacity were every head full
 };
 
 // Decides a layer's head modes from the prompt's boundary-pooled key states (after k_norm, before RoPE).

@@ -32,6 +32,8 @@ class SequenceBackend {
   virtual std::string name() const = 0;  // "cuda", "cpu"; recorded in run.json
   virtual int capacity() const = 0;      // positions a sequence may hold (prompt + generated tokens)
   virtual size_t kv_bytes() const { return 0; }  // the current sequence's KV caches (0 = not known)
+  // What the same sequence would hold were every head full (0 = not known): kv_bytes against it is what routing saves.
+  virtual size_t kv_bytes_all_full() const { return 0; }
   // The attention work this sequence ran, where the backend counts it (the CPU: blocks each row computed, XAttention's
   // selections included): its prompt's prefill, or every row since (decode steps, extend); nullptr: not counted (the
   // engine then uses the routing's figures).

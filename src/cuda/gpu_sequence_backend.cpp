@@ -22,6 +22,7 @@ class GpuSequenceBackend : public SequenceBackend {
   std::string name() const override { return "cuda"; }
   int capacity() const override { return g_.max_ctx(); }
   size_t kv_bytes() const override { return g_.kv_bytes(); }  // live: pages grow as the sequence decodes
+  size_t kv_bytes_all_full() const override { return g_.kv_bytes_all_full(); }
 
  private:
   GpuModel& g_;

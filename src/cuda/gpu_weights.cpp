@@ -176,6 +176,10 @@ size_t GpuModel::kv_bytes() const {
   for (const auto& sq : impl_->seq) pages += sq ? size_t(sq->pages_held()) : 0;
   return pages * impl_->page_bytes() * 2;  // K and V
 }
+size_t GpuModel::kv_bytes_all_full() const {
+  const size_t pages_per_head = (size_t(impl_->length) + Impl::kPageSize - 1) / Impl::kPageSize;
+  return size_t(impl_->c.n_layers) * impl_->c.n_kv_heads * pages_per_head * impl_->page_bytes() * 2;  // K and V
+}
 const RoutingTable& GpuModel::routing() const { return impl_->routing; }
 
 std::unique_ptr<GpuModel> GpuModel::upload(const Model& m, const GpuOptions& o) {

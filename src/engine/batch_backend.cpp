@@ -54,6 +54,7 @@ class CpuBatchBackend : public BatchBackend {
   int length(int slot) const override { return at(slot).cache.length; }
   int capacity(int slot) const override { return at(slot).cache.capacity; }
   size_t kv_bytes(int slot) const override { return at(slot).cache.bytes(); }
+  size_t kv_bytes_all_full(int slot) const override { return at(slot).cache.bytes_all_full(); }
   AttentionStats figures(int slot) const override { return at(slot).stats; }
 
  private:
@@ -107,6 +108,7 @@ class SingleSlotBackend : public BatchBackend {
   int length(int slot) const override { return check(slot), live_ ? be_->length() : 0; }
   int capacity(int slot) const override { return check(slot), capacity_; }
   size_t kv_bytes(int slot) const override { return check(slot), live_ ? be_->kv_bytes() : 0; }
+  size_t kv_bytes_all_full(int slot) const override { return check(slot), live_ ? be_->kv_bytes_all_full() : 0; }
   AttentionStats figures(int slot) const override {
     check(slot);
     return live_ ? run_attention_figures(*be_, used_, be_->length(), false) : AttentionStats{};

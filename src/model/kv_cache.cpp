@@ -47,6 +47,10 @@ void KVCache::init(const ModelConfig& cfg, int cap, const RoutingTable* hybrid) 
   if (hybrid) routing = *hybrid;
 }
 
+size_t KVCache::bytes_all_full() const {
+  return size_t(n_layers) * n_kv_heads * size_t(capacity) * head_dim * sizeof(float) * 2;  // keys and values
+}
+
 size_t KVCache::bytes() const {
   size_t b = 0;
   for (auto& x : k) b += x.size() * sizeof(float);

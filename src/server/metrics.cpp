@@ -17,6 +17,29 @@ void metric(std::string& out, const char* name, const char* type, const char* he
 
 }  // namespace
 
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds.size() && v > bounds[i]) ++i;
+  if (i < counts.size()) ++counts[i];
+  sum += v;
+  ++count;
+}
+
+void Histogram::render(std::string& out, const char* name, const char* help) const {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+  out += buf;
+  uint64_t cum = 0;
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    cum += counts[i];
+    std::snprintf(buf, sizeof buf, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], (unsigned long long)cum);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name,
+                (unsigned long long)count, name, sum, name, (unsigned long long)count);
+  out += buf;
+}
+
 std::string Metrics::render() {
   std::lock_guard g(mu);
   std::string o;
@@ -50,6 +73,11 @@ std::string Metrics::render() {
          msr_count ? esr_sum / msr_count : 0.0);
   metric(o, "elastic_kv_cache_bytes", "gauge", "KV-cache bytes reserved by running requests.", double(kv_bytes_in_use));
   metric(o, "elastic_kv_cache_budget_bytes", "gauge", "KV-cache byte budget.", double(kv_budget));
+  metric(o, "elastic_kv_cache_bytes_if_full", "gauge",
+         "KV-cache bytes the running requests would hold were every head full.", double(kv_bytes_if_full));
+  metric(o, "elastic_kv_cache_bytes_saved", "gauge",
+         "KV-cache bytes the running requests' routings save against every head full.",
+         kv_bytes_if_full > kv_bytes_in_use ? double(kv_bytes_if_full - kv_bytes_in_use) : 0.0);
   metric(o, "elastic_requests_running", "gauge", "Requests holding a slot.", double(running));
   metric(o, "elastic_requests_waiting", "gauge", "Requests waiting for a slot or KV memory.", double(waiting));
   metric(o, "elastic_slots", "gauge", "Slots (requests decoded together at most).", double(max_slots));
@@ -61,6 +89,9 @@ std::string Metrics::render() {
   metric(o, "elastic_http_connections_timed_out_total", "counter",
          "Connections closed with 408: a request head or body that did not arrive in time.",
          double(connections_timed_out));
+  ttft.render(o, "elastic_time_to_first_token_seconds",
+              "Per request: from submission to its first token (queue and prefill included).");
+  itl.render(o, "elastic_inter_token_latency_seconds", "Per request: between two consecutive tokens.");
   return o;
 }
 

@@ -223,6 +223,7 @@ json elastic_json(const JobSummary& s) {
   return {{"omega_msr", s.omega_msr},
           {"omega_esr", s.omega_esr},
           {"kv_cache_bytes", s.kv_cache_bytes},
+          {"kv_cache_bytes_if_full", s.kv_cache_bytes_if_full},
           {"attention_flops_ratio", s.attention_flops_ratio},
           {"queue_seconds", s.queue_s},
           {"prefill_seconds", s.prefill_s},

@@ -52,7 +52,8 @@ struct Scheduler::Active {
   std::string text;      // generated text so far (bytes)
   size_t sent = 0;       // bytes of `text` already handed to the HTTP side
   bool finished = false;
-  clock_t_::time_point t_admit, t_first;
+  size_t kv_if_full = 0;  // its share of Metrics::kv_bytes_if_full
+  clock_t_::time_point t_admit, t_first, t_last;  // t_last: its latest token
   explicit Active(std::shared_ptr<Job> j) : job(std::move(j)), sampler(job->sampler) {}
 };
 
@@ -200,6 +201,7 @@ void Scheduler::finish(Active& a, const std::string& reason, const std::string& 
       s.omega_esr = st.esr();
       s.attention_flops_ratio = st.flops_ratio();
       s.kv_cache_bytes = be_->kv_bytes(a.slot);
+      s.kv_cache_bytes_if_full = be_->kv_bytes_all_full(a.slot);
     } catch (...) {
     }
   }
@@ -227,6 +229,8 @@ void Scheduler::finish(Active& a, const std::string& reason, const std::string& 
     met_.msr_sum += s.omega_msr;
     met_.esr_sum += s.omega_esr;
     ++met_.msr_count;
+    met_.kv_bytes_if_full -= a.kv_if_full;
+    a.kv_if_full = 0;
   }
   {
     std::lock_guard g(mu_);
@@ -262,6 +266,13 @@ void Scheduler::loop() {
   auto on_token = [&](Active& a, int32_t id) {
     ++a.produced;
     const Job& j = *a.job;
+    {
+      const auto now = clock_t_::now();
+      std::lock_guard g(met_.mu);
+      if (a.produced == 1) met_.ttft.observe(secs(now - j.submitted));
+      else met_.itl.observe(secs(now - a.t_last));
+      a.t_last = now;
+    }
     if (j.stop_at_eos && std::find(eos_.begin(), eos_.end(), id) != eos_.end()) {
       finish(a, "stop");
       return;
@@ -342,6 +353,11 @@ void Scheduler::loop() {
           kv_in_use_ = kv_in_use_ - j.kv_bytes + kb;
           j.kv_bytes = kb;
           publish_gauges_locked();
+        }
+        {
+          a.kv_if_full = be_->kv_bytes_all_full(a.slot);
+          std::lock_guard g(met_.mu);
+          met_.kv_bytes_if_full += a.kv_if_full;
         }
         a.t_first = clock_t_::now();
         {

@@ -63,8 +63,23 @@ GenSpec parse_chat_request(const json& body);
 json parse_json_body(const std::string& body);
 
 // ---- metrics.cpp
+// A Prometheus histogram: cumulative counts at fixed upper bounds (seconds), their sum and count.
+struct Histogram {
+  std::vector<double> bounds;    // ascending upper bounds; +Inf is implied
+  std::vector<uint64_t> counts;  // per bound, not cumulative (rendered cumulative)
+  double sum = 0;
+  uint64_t count = 0;
+  explicit Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size(), 0) {}
+  void observe(double v);
+  void render(std::string& out, const char* name, const char* help) const;
+};
+
 struct Metrics {
   std::mutex mu;
+  // Latencies, per request: submission to the first token (queue and prefill included), and between consecutive
+  // tokens of one request (a step of the batch it decodes in).
+  Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}};
+  Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
   uint64_t requests_ok = 0, requests_error = 0, requests_cancelled = 0, requests_waited = 0;
   uint64_t http_4xx = 0, http_5xx = 0;
   // The connection layer (http_routes.cpp): connections open now, closed at the cap, closed for a late head or body.
@@ -77,6 +92,7 @@ struct Metrics {
   uint64_t msr_count = 0;
   // Gauges (set by the scheduler).
   size_t kv_bytes_in_use = 0, kv_budget = 0;
+  size_t kv_bytes_if_full = 0;  // what the running requests would hold were every head full (routing saves the rest)
   int running = 0, waiting = 0, max_slots = 0;
   std::string render();  // Prometheus text exposition
 };
@@ -88,6 +104,7 @@ struct JobSummary {
   int prompt_tokens = 0, completion_tokens = 0;
   double omega_msr = 0, omega_esr = 0, attention_flops_ratio = 1;
   size_t kv_cache_bytes = 0;
+  size_t kv_cache_bytes_if_full = 0;  // the same sequence with every head full
   double queue_s = 0, prefill_s = 0, decode_s = 0;
 };
 
