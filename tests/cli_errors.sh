@@ -166,6 +166,8 @@ expect_fail "--header-timeout: 0 is not in" $S --header-timeout 0
 expect_fail "--body-timeout: 'nan' is not a finite number" $S --body-timeout nan
 expect_fail "--max-connections" $S --max-connections 0
 expect_fail "--parallel" $S --parallel 100000
+expect_fail "--max-queue" $S --max-queue -1
+expect_fail "--max-queue" $S --max-queue 1e9
 expect_fail "--threads: 100000 is not in [0, 1024]" $S -t 100000
 expect_fail "--port" $S --port 70000
 if [ -w /dev/full ]; then

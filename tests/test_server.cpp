@@ -11,9 +11,12 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -1232,6 +1235,83 @@ TEST(ServerLimits, ModelRouterDecidesAtPrefill) {
   const RoutingTable ssa = AllStreamingRouter::table();
   EXPECT_EQ(r["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(cfg, 250, ssa));
   EXPECT_EQ(metric(c, "elastic_kv_cache_bytes"), 0);
+  srv.stop();
+  fs::remove_all(dir);
+}
+
+namespace {
+// A router that holds the engine thread in its first decision until released: the running request keeps its slot
+// for as long as the test needs, so queueing is deterministic.
+struct GateRouter : AllStreamingRouter {
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  mutable bool open = false, entered = false;
+  void decide(int layer, const float* pooled, HeadMode* modes) const override {
+    std::unique_lock lk(mu);
+    entered = true;
+    cv.notify_all();
+    cv.wait(lk, [&] { return open; });
+    AllStreamingRouter::decide(layer, pooled, modes);
+  }
+  void wait_entered() const {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return entered; });
+  }
+  void release() const {
+    std::lock_guard lk(mu);
+    open = true;
+    cv.notify_all();
+  }
+};
+}  // namespace
+
+// A full queue is refused at once with 429 and Retry-After, naming the limit; the queued and running requests finish.
+TEST(ServerLimits, FullQueueIsRefusedWith429) {
+  const std::string dir = write_tiny_qwen3("server_queue", false);
+  Model m = Model::load(dir);
+  auto gate = std::make_shared<GateRouter>();
+  m.router = gate;
+  ServerOptions o;
+  o.port = 0;
+  o.max_context = 512;
+  o.threads = 1;
+  o.max_slots = 1;
+  o.max_queue = 1;
+  o.http_threads = 4;
+  Server srv(std::move(m), dir, o);
+  srv.start();
+  auto request = [&](int* status) {
+    httplib::Client ci = client_of(srv.port());
+    post_json(ci, "/v1/completions", {{"prompt", "hello"}, {"max_tokens", 4}, {"temperature", 0}}, status);
+  };
+  int st_a = 0, st_b = 0;
+  std::thread a([&] { request(&st_a); }), b;
+  struct Finally {  // an early ASSERT still releases the engine and joins the clients
+    std::function<void()> f;
+    ~Finally() { f(); }
+  } finally{[&] {
+    gate->release();
+    if (a.joinable()) a.join();
+    if (b.joinable()) b.join();
+  }};
+  gate->wait_entered();  // A holds the only slot, stopped in its prefill
+  b = std::thread([&] { request(&st_b); });
+  httplib::Client c = client_of(srv.port());
+  for (int i = 0; i < 500 && metric(c, "elastic_requests_waiting") < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(metric(c, "elastic_requests_waiting"), 1);  // B waits: the queue is full
+  auto r = c.Post("/v1/completions", json{{"prompt", "hello"}, {"max_tokens", 4}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429);
+  EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+  const json e = json::parse(r->body);
+  expect_error_object(e, "full queue");
+  EXPECT_EQ(e["error"]["code"], "queue_full");
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("the queue holds 1"), std::string::npos) << e.dump();
+  finally.f();
+  finally.f = [] {};
+  EXPECT_EQ(st_a, 200);
+  EXPECT_EQ(st_b, 200);
   srv.stop();
   fs::remove_all(dir);
 }

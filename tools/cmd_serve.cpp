@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli_common.h"
+#include "elastic/sparse_pattern.h"
 #include "elastic/router.h"
 #include "elastic/server.h"
 #ifdef ELASTIC_HAVE_CUDA
@@ -20,6 +21,7 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     int max_conns = ServerOptions{}.max_connections;
     double header_s = ServerOptions{}.header_timeout_s, body_s = ServerOptions{}.body_timeout_s;
     bool quiet = false, special_in_content = false;
+    int max_queue = ServerOptions{}.max_queue;
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with per-request routing");
@@ -30,6 +32,8 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
       ->check(CLI::Range(0, kMaxTokens));
   add_threads_option(sub, o->threads);
   sub->add_option("--parallel", o->parallel, "Requests decoded together (slots)")->check(CLI::Range(1, 1024));
+  sub->add_option("--max-queue", o->max_queue, "Requests waiting for a slot; one more gets 429 with Retry-After")
+      ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--kv-budget-mib", o->kv_mib, "KV-cache memory of all running requests, MiB")
       ->check(positive_up_to(1 << 24));
   sub->add_option("--max-body-mib", o->body_mib, "Largest request body (chunked ones included), MiB")
@@ -46,7 +50,7 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--tokenizer", o->tok, "tokenizer.json (default: the model folder's)");
   sub->add_option("--name", o->name, "Model id in the API (default: the model folder's name)");
   sub->add_option("--routing", o->routing, "Routing JSON: mode per layer per KV head plus sparse settings");
-  sub->add_option("--mode", o->mode, "Route every head to one mode")->check(CLI::IsMember({"full", "ssa", "xattn"}));
+  sub->add_option("--mode", o->mode, "Route every head to one mode")->check(CLI::IsMember(sparse_pattern_names()));
   sub->add_option("--router", o->router,
                   "Trained router (safetensors): routes each request from its own prompt at prefill");
   sub->add_flag("-q,--quiet", o->quiet, "No per-request lines on stderr");
@@ -73,6 +77,7 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     so.port = o->port;
     so.model_name = o->name;
     so.max_slots = o->parallel;
+    so.max_queue = o->max_queue;
     so.kv_budget_bytes = std::max<size_t>(1, static_cast<size_t>(o->kv_mib * 1048576.0));
     so.max_body_bytes = std::max<size_t>(64, static_cast<size_t>(o->body_mib * 1048576.0));
     so.max_connections = o->max_conns;

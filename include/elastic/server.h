@@ -26,6 +26,7 @@ struct ServerOptions {
   int port = 8080;                 // 0 = any free port (see Server::port)
   std::string model_name;          // "id" in /v1/models and responses; default: the model folder's name
   int max_slots = 4;               // requests decoding at once; more wait in a FIFO queue
+  int max_queue = 64;              // requests waiting for a slot; one more is answered 429 with Retry-After
   size_t kv_budget_bytes = size_t(1) << 30;  // KV-cache bytes of all running requests together
   size_t max_body_bytes = size_t(1) << 20;   // larger request bodies get 413, chunked ones included
   // Open client connections (idle keep-alive, request arriving, being answered). At the cap a new connection closes

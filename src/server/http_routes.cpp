@@ -691,7 +691,11 @@ void send_json(httplib::Response& res, int status, const json& j) {
   res.set_content(dump(j), "application/json");
 }
 
-void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, error_json(e)); }
+void send_error(httplib::Response& res, const ApiError& e) {
+  // A full queue or a temporary state (memory, shutdown): say when to come back.
+  if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
+  send_json(res, e.status, error_json(e));
+}
 
 // Runs a handler; ApiError -> its status, anything else -> 500 with the message.
 template <class F>
@@ -773,6 +777,7 @@ Server::Impl::Impl(Model m, const std::string& dir, ServerOptions o) : opts(std:
   SchedulerOptions so;
   so.backend = opts.backend;
   so.max_slots = opts.max_slots;
+  so.max_queue = opts.max_queue;
   so.kv_budget_bytes = opts.kv_budget_bytes;
   so.threads = opts.threads;
   so.log = opts.log_requests;

@@ -60,6 +60,7 @@ struct Scheduler::Active {
 Scheduler::Scheduler(const Model& m, const Tokenizer* tok, std::vector<int32_t> eos, SchedulerOptions o, Metrics& met)
     : m_(m), tok_(tok), eos_(std::move(eos)), o_(o), met_(met) {
   if (o_.max_slots < 1) throw std::invalid_argument("server: max slots must be >= 1");
+  if (o_.max_queue < 0) throw std::invalid_argument("server: max queue must be >= 0");
   if (o_.backend && o_.max_slots != 1) throw std::invalid_argument("server: a sequence backend has exactly one slot");
   be_ = o_.backend ? single_slot_backend(o_.backend) : cpu_batch_backend(m_, o_.max_slots, o_.prefill_chunk);
   for (int s = be_->slots() - 1; s >= 0; --s) free_slots_.push_back(s);
@@ -113,6 +114,11 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
   {
     std::lock_guard g(mu_);
     if (stopping_) throw ApiError(503, "server is shutting down", "", "unavailable", "server_error");
+    if (static_cast<int>(waiting_.size()) >= o_.max_queue)
+      throw ApiError(429,
+                     "server busy: " + std::to_string(waiting_.size()) + " requests are already waiting for a slot " +
+                         "(the queue holds " + std::to_string(o_.max_queue) + "); retry later",
+                     "", "queue_full", "server_error");
     waiting_.push_back(job);
     publish_gauges_locked();
   }

@@ -151,6 +151,7 @@ struct SchedulerOptions {
   std::shared_ptr<SequenceBackend> backend;  // one sequence at a time on it (max_slots 1), instead of the CPU model's
                                              // slots (cpu_batch_backend)
   int max_slots = 4;
+  int max_queue = 64;  // waiting requests; submit() refuses one more with 429
   size_t kv_budget_bytes = size_t(1) << 30;
   int threads = 0;
   int prefill_chunk = kDefaultPrefillChunk;
@@ -162,7 +163,8 @@ class Scheduler {
   // tok may be null (then text deltas and stop strings are empty / unused; ids still count).
   Scheduler(const Model& m, const Tokenizer* tok, std::vector<int32_t> eos_ids, SchedulerOptions o, Metrics& met);
   ~Scheduler();
-  // Queues the job (ApiError 400 when it could never fit in the KV budget; 503 after stop()).
+  // Queues the job (ApiError 400 when it could never fit in the KV budget; 429 when max_queue requests already wait;
+  // 503 after stop()).
   void submit(const std::shared_ptr<Job>& job);
   void stop();  // cancels everything, joins the engine thread
 
