@@ -87,6 +87,55 @@ TEST_P(Fixture, ChunkedPrefillEqualsOnePass) {
   EXPECT_GT(rel_err(full, one), 1e-3);  // the sparse run really differs from full attention
 }
 
+// The server's resumable prefill (PrefillCursor: one chunk of one layer a step) against Model::prefill's
+// token-major chunks under the same table: bit-identical logits (every row) and caches, at chunk sizes that do and
+// do not divide the prompt; steps_left counts down to zero; misuse is refused.
+TEST_P(Fixture, PrefillCursorEqualsTokenMajorPrefill) {
+  Model m = Model::load(dir());
+  std::vector<int32_t> ids(150);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 131 + 7) % m.config.vocab;
+  RoutingTable r = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, HeadMode::Full);
+  for (size_t i = 0; i < r.mode.size(); i += 2) r.mode[i] = HeadMode::Streaming;  // a hybrid table
+  r.sparse.sink = 0;
+  r.sparse.local = 64;
+  for (const int chunk : {150, 64, 37}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    KVCache a, b;
+    a.init(m.config, ids.size(), &r);
+    b.init(m.config, ids.size(), &r);
+    std::vector<float> want, got;
+    AttentionStats sa, sb;
+    m.prefill(ids.data(), ids.size(), chunk, a, want, true, &sa, &r);
+    PrefillCursor cur(m, ids.data(), ids.size(), chunk, b, &r, nullptr, &sb);
+    int steps = 0;
+    const int first = cur.steps_left();
+    while (!cur.done()) {
+      ASSERT_EQ(cur.steps_left(), first - steps);
+      cur.step();
+      ++steps;
+    }
+    EXPECT_EQ(steps, m.config.n_layers * int((ids.size() + chunk - 1) / chunk));
+    EXPECT_EQ(cur.steps_left(), 0);
+    EXPECT_THROW(cur.step(), std::logic_error);
+    cur.finish(got, true);
+    EXPECT_EQ(got, want);  // bitwise: the same operations per layer and chunk
+    EXPECT_EQ(b.length, a.length);
+    EXPECT_EQ(b.k, a.k);
+    EXPECT_EQ(b.v, a.v);
+    EXPECT_DOUBLE_EQ(sb.flops_ratio(), sa.flops_ratio());
+  }
+  KVCache used;
+  used.init(m.config, ids.size(), &r);
+  std::vector<float> lg;
+  m.prefill(ids.data(), 10, 64, used, lg, false, nullptr, &r);
+  EXPECT_THROW(PrefillCursor(m, ids.data(), 10, 64, used, &r, nullptr), std::invalid_argument);  // not empty
+  KVCache fresh;
+  fresh.init(m.config, ids.size(), &r);
+  EXPECT_THROW(PrefillCursor(m, ids.data(), 10, 64, fresh, nullptr, nullptr), std::invalid_argument);  // no routing
+  PrefillCursor early(m, ids.data(), 10, 64, fresh, &r, nullptr);
+  EXPECT_THROW(early.finish(lg), std::logic_error);
+}
+
 // XAttention heads in chunks that are not whole blocks: refused by name (as the GPU backend refuses them), where a
 // chunk starting inside a block used to run its XAttention heads densely without a word; whole-block chunks give
 // the one-pass result.

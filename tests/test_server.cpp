@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -1312,6 +1313,136 @@ TEST(ServerLimits, FullQueueIsRefusedWith429) {
   finally.f = [] {};
   EXPECT_EQ(st_a, 200);
   EXPECT_EQ(st_b, 200);
+  srv.stop();
+  fs::remove_all(dir);
+}
+
+namespace {
+// The CPU model's batch backend, recording the engine's calls in order: "P<slot>" per prefill step, "D" per decode
+// step.
+struct RecordingBackend : BatchBackend {
+  std::shared_ptr<BatchBackend> in;
+  std::mutex mu;
+  std::vector<std::string> log;
+  explicit RecordingBackend(std::shared_ptr<BatchBackend> b) : in(std::move(b)) {}
+  void note(std::string e) {
+    std::lock_guard g(mu);
+    log.push_back(std::move(e));
+  }
+  int slots() const override { return in->slots(); }
+  bool budgets_kv() const override { return in->budgets_kv(); }
+  void prefill(int s, const std::vector<int32_t>& p, int c, const RoutingTable* r, const PromptRouter* ro,
+               std::vector<float>& l, RoutingTable& u) override {
+    in->prefill(s, p, c, r, ro, l, u);
+  }
+  void prefill_start(int s, const std::vector<int32_t>& p, int c, const RoutingTable* r,
+                     const PromptRouter* ro) override {
+    in->prefill_start(s, p, c, r, ro);
+  }
+  bool prefill_step(int s, std::vector<float>& l, RoutingTable& u) override {
+    note("P" + std::to_string(s));
+    return in->prefill_step(s, l, u);
+  }
+  void decode(const std::vector<int>& s, const std::vector<int32_t>& ids, std::vector<float>& l) override {
+    note("D");
+    in->decode(s, ids, l);
+  }
+  void release(int s) override { in->release(s); }
+  int length(int s) const override { return in->length(s); }
+  int capacity(int s) const override { return in->capacity(s); }
+  size_t kv_bytes(int s) const override { return in->kv_bytes(s); }
+  size_t kv_bytes_all_full(int s) const override { return in->kv_bytes_all_full(s); }
+  AttentionStats figures(int s) const override { return in->figures(s); }
+};
+}  // namespace
+
+// A long prompt's prefill is interleaved with the running requests' decode steps: between two decode steps the
+// engine runs at most n_layers prefill steps (one chunk through one layer each), so a 480-token prompt in chunks of
+// 32 (15 chunks x 2 layers) spreads over 15 turns instead of stalling the others for all 30 steps; its answer and
+// the others' equal their lone runs. Deterministic: a gate in the router holds the engine until all three requests
+// are queued.
+TEST(ServerLimits, LongPrefillInterleavesWithDecode) {
+  const std::string dir = write_tiny_qwen3("server_interleave", false);
+  auto gate = std::make_shared<GateRouter>();
+  Model m = Model::load(dir), mb = Model::load(dir);
+  m.router = gate;
+  mb.router = gate;  // the backend's model routes with the same router the server names
+  const int n_layers = m.config.n_layers;
+  auto rec = std::make_shared<RecordingBackend>(cpu_batch_backend(mb, 3, 32));
+  ServerOptions o;
+  o.port = 0;
+  o.max_context = 512;
+  o.threads = 1;
+  o.max_slots = 3;
+  o.prefill_chunk = 32;
+  o.batch_backend = rec;
+  Server srv(std::move(m), dir, o);
+  srv.start();
+  std::vector<int32_t> long_prompt(480);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = int32_t(100 + i % 50);
+  json ra, rb, rc;
+  int sa = 0, sb = 0, sc = 0;
+  auto post = [&](json body, json* out, int* st) {
+    httplib::Client ci = client_of(srv.port());
+    *out = post_json(ci, "/v1/completions", body, st);
+  };
+  std::thread g, a, b;
+  struct Finally {
+    std::function<void()> f;
+    ~Finally() { f(); }
+  } finally{[&] {
+    gate->release();
+    for (std::thread* t : {&g, &a, &b})
+      if (t->joinable()) t->join();
+  }};
+  const json short_req = {{"prompt", "hello there"}, {"max_tokens", 40}, {"ignore_eos", true}, {"temperature", 0}};
+  g = std::thread(post, short_req, &rc, &sc);
+  gate->wait_entered();  // the engine is held inside the first request's prefill
+  a = std::thread(post, short_req, &ra, &sa);
+  b = std::thread(post, json{{"prompt", long_prompt}, {"max_tokens", 2}, {"temperature", 0}}, &rb, &sb);
+  httplib::Client c = client_of(srv.port());
+  for (int i = 0; i < 500 && metric(c, "elastic_requests_waiting") < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(metric(c, "elastic_requests_waiting"), 2);
+  finally.f();
+  finally.f = [] {};
+  ASSERT_EQ(sc, 200) << rc.dump();
+  ASSERT_EQ(sa, 200) << ra.dump();
+  ASSERT_EQ(sb, 200) << rb.dump();
+  // The long prompt's prefill steps: no run of them longer than n_layers, decode steps between them.
+  std::vector<std::string> log;
+  {
+    std::lock_guard lk(rec->mu);
+    log = rec->log;
+  }
+  // The long prompt's slot: the one with the most prefill steps (the two short requests may queue in either order).
+  std::map<std::string, int> per_slot;
+  for (const std::string& e : log)
+    if (e[0] == 'P') ++per_slot[e];
+  std::string long_slot;
+  for (const auto& [k, v] : per_slot)
+    if (long_slot.empty() || v > per_slot[long_slot]) long_slot = k;
+  int steps = 0, run = 0, longest = 0, decodes_between = 0;
+  bool started = false;
+  for (const std::string& e : log) {
+    if (e == long_slot) {
+      ++steps, ++run, started = true;
+      longest = std::max(longest, run);
+    } else {
+      run = 0;
+      if (e == "D" && started && steps < 15 * n_layers) ++decodes_between;
+    }
+  }
+  EXPECT_EQ(steps, 15 * n_layers);
+  EXPECT_LE(longest, n_layers);
+  EXPECT_GE(decodes_between, 14);
+  // Interleaving changes no answer: each equals the same request alone on the CPU model.
+  httplib::Client c2 = client_of(srv.port());
+  int st = 0;
+  json lone = post_json(c2, "/v1/completions", json{{"prompt", long_prompt}, {"max_tokens", 2}, {"temperature", 0}}, &st);
+  ASSERT_EQ(st, 200);
+  EXPECT_EQ(rb["choices"][0]["text"], lone["choices"][0]["text"]);
+  EXPECT_EQ(ra["choices"][0]["text"], rc["choices"][0]["text"]);
   srv.stop();
   fs::remove_all(dir);
 }

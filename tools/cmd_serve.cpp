@@ -22,6 +22,7 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     double header_s = ServerOptions{}.header_timeout_s, body_s = ServerOptions{}.body_timeout_s;
     bool quiet = false, special_in_content = false;
     int max_queue = ServerOptions{}.max_queue;
+    int chunk = ServerOptions{}.prefill_chunk;
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with per-request routing");
@@ -34,6 +35,9 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--parallel", o->parallel, "Requests decoded together (slots)")->check(CLI::Range(1, 1024));
   sub->add_option("--max-queue", o->max_queue, "Requests waiting for a slot; one more gets 429 with Retry-After")
       ->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--chunk", o->chunk,
+                  "Prefill chunk in tokens: running requests wait for at most one chunk of a newcomer's prefill")
+      ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--kv-budget-mib", o->kv_mib, "KV-cache memory of all running requests, MiB")
       ->check(positive_up_to(1 << 24));
   sub->add_option("--max-body-mib", o->body_mib, "Largest request body (chunked ones included), MiB")
@@ -78,6 +82,7 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     so.model_name = o->name;
     so.max_slots = o->parallel;
     so.max_queue = o->max_queue;
+    so.prefill_chunk = o->chunk;
     so.kv_budget_bytes = std::max<size_t>(1, static_cast<size_t>(o->kv_mib * 1048576.0));
     so.max_body_bytes = std::max<size_t>(64, static_cast<size_t>(o->body_mib * 1048576.0));
     so.max_connections = o->max_conns;

@@ -104,4 +104,33 @@ struct Model {
   // router's decision for this prompt); it must keep the layer/head counts.
 };
 
+// A prompt's prefill into an empty cache in steps of one chunk through one layer (layer-major: every chunk of layer
+// l, then l + 1), so a server can run other sequences' decode steps between steps and a long prompt stalls them by
+// one step at most. Routed by `router` (layer l decided from its boundary keys before its attention; the cache is
+// sized layer by layer: init_deferred) or by a table (the cache built for it: init). The same arithmetic as
+// Model::prefill, whose routed path is this cursor run to the end: the cache and logits are bit-identical.
+class PrefillCursor {
+ public:
+  // m, ids and cache must outlive the cursor; stats (optional) accumulates like Model::prefill's.
+  PrefillCursor(const Model& m, const int32_t* ids, int T, int chunk, KVCache& cache, const RoutingTable* routing,
+                const PromptRouter* router, AttentionStats* stats = nullptr);
+  bool done() const { return layer_ >= n_layers_; }
+  int steps_left() const;
+  void step();  // one chunk of the current layer (routing the layer first where a router decides)
+  // After done(): the last position's logits ([V]) or every row's ([T, V]); sets cache.length and cache.routing.
+  void finish(std::vector<float>& logits, bool all_logits = false);
+  const RoutingTable& routing() const { return decided_; }  // complete once done()
+
+ private:
+  const Model& m_;
+  const int32_t* ids_;
+  int T_, chunk_, n_layers_, layer_ = 0, t0_ = 0;
+  KVCache& cache_;
+  const PromptRouter* router_;
+  AttentionStats* stats_;
+  RoutingTable decided_;
+  std::vector<float> x_;  // [T, D] residual stream of the whole prompt
+  std::shared_ptr<void> work_;  // the chunk's activations (model.cpp's Work)
+};
+
 }  // namespace elastic

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "elastic/batch_backend.h"
 #include "elastic/model.h"
 #include "elastic/sequence_backend.h"
 
@@ -27,6 +28,9 @@ struct ServerOptions {
   std::string model_name;          // "id" in /v1/models and responses; default: the model folder's name
   int max_slots = 4;               // requests decoding at once; more wait in a FIFO queue
   int max_queue = 64;              // requests waiting for a slot; one more is answered 429 with Retry-After
+  // Prefill chunk (tokens): between two decode steps the engine runs at most one chunk's worth of a newcomer's
+  // prefill, so running requests stall by that much at most. A multiple of the sparse block for XAttention heads.
+  int prefill_chunk = 2048;
   size_t kv_budget_bytes = size_t(1) << 30;  // KV-cache bytes of all running requests together
   size_t max_body_bytes = size_t(1) << 20;   // larger request bodies get 413, chunked ones included
   // Open client connections (idle keep-alive, request arriving, being answered). At the cap a new connection closes
@@ -49,6 +53,9 @@ struct ServerOptions {
   // the CPU model in batches: max_slots must be 1 and max_context at most the backend's capacity. The model still
   // supplies the config, the routing and the router.
   std::shared_ptr<SequenceBackend> backend;
+  // When set (and `backend` is not), requests run on this batch backend's slots instead of the CPU model's own
+  // (cpu_batch_backend); max_slots must not exceed its slots. The model still supplies config, routing and router.
+  std::shared_ptr<BatchBackend> batch_backend;
 };
 
 // Bytes KVCache::init(cfg, capacity, &routing) allocates (streaming heads keep sink + window): what the scheduler

@@ -2,6 +2,7 @@
 // SequenceBackend.
 #include "elastic/batch_backend.h"
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -22,21 +23,40 @@ class CpuBatchBackend : public BatchBackend {
 
   void prefill(int slot, const std::vector<int32_t>& prompt, int capacity, const RoutingTable* routing,
                const PromptRouter* router, std::vector<float>& logits, RoutingTable& used) override {
+    prefill_start(slot, prompt, capacity, routing, router);
+    while (!prefill_step(slot, logits, used)) {
+    }
+  }
+
+  void prefill_start(int slot, const std::vector<int32_t>& prompt, int capacity, const RoutingTable* routing,
+                     const PromptRouter* router) override {
     Seq& s = at(slot);
     s = Seq{};
     if (prompt.empty()) throw std::invalid_argument("cpu_batch_backend: empty prompt");
-    if (!routing && router) {
+    s.prompt = prompt;  // the cursor reads the ids until the last step
+    const bool routed = !routing && router;
+    if (routed) {
       if (router != m_.router.get()) throw std::invalid_argument("cpu_batch_backend: the router must be the model's own");
-      // The router sizes each layer's cache as it decides.
-      s.cache.init_deferred(m_.config, capacity);
-      m_.prefill(prompt.data(), static_cast<int>(prompt.size()), chunk_, s.cache, logits, false, &s.stats, nullptr);
-      s.routing = s.cache.routing;
+      s.cache.init_deferred(m_.config, capacity);  // the router sizes each layer's cache as it decides
     } else {
       s.routing = routing ? *routing : RoutingTable::all_full(m_.config.n_layers, m_.config.n_kv_heads);
       s.cache.init(m_.config, capacity, &s.routing);
-      m_.prefill(prompt.data(), static_cast<int>(prompt.size()), chunk_, s.cache, logits, false, &s.stats, &s.routing);
     }
+    s.cursor = std::make_unique<PrefillCursor>(m_, s.prompt.data(), static_cast<int>(s.prompt.size()), chunk_, s.cache,
+                                               routed ? nullptr : &s.routing, routed ? router : nullptr, &s.stats);
+  }
+
+  bool prefill_step(int slot, std::vector<float>& logits, RoutingTable& used) override {
+    Seq& s = at(slot);
+    if (!s.cursor) throw std::logic_error("cpu_batch_backend: prefill_step without prefill_start");
+    s.cursor->step();
+    if (!s.cursor->done()) return false;
+    s.cursor->finish(logits);
+    s.routing = s.cursor->routing();
+    s.cursor.reset();
+    s.prompt = {};
     used = s.routing;
+    return true;
   }
 
   void decode(const std::vector<int>& slots, const std::vector<int32_t>& ids, std::vector<float>& logits) override {
@@ -62,6 +82,8 @@ class CpuBatchBackend : public BatchBackend {
     KVCache cache;
     RoutingTable routing;
     AttentionStats stats;  // prefill and decode rows, counted
+    std::vector<int32_t> prompt;            // while its prefill runs
+    std::unique_ptr<PrefillCursor> cursor;  // while its prefill runs
   };
   Seq& at(int slot) { return const_cast<Seq&>(static_cast<const CpuBatchBackend*>(this)->at(slot)); }
   const Seq& at(int slot) const {
@@ -94,6 +116,20 @@ class SingleSlotBackend : public BatchBackend {
     used = used_;
     live_ = true;
   }
+  void prefill_start(int slot, const std::vector<int32_t>& prompt, int capacity, const RoutingTable* routing,
+                     const PromptRouter* router) override {
+    check(slot);
+    pending_ = Pending{prompt, capacity, routing ? std::optional<RoutingTable>(*routing) : std::nullopt, router};
+  }
+  bool prefill_step(int slot, std::vector<float>& logits, RoutingTable& used) override {  // the whole prefill
+    check(slot);
+    if (!pending_) throw std::logic_error("single_slot_backend: prefill_step without prefill_start");
+    const Pending p = std::move(*pending_);
+    pending_.reset();
+    prefill(slot, p.prompt, p.capacity, p.routing ? &*p.routing : nullptr, p.router, logits, used);
+    return true;
+  }
+
   void decode(const std::vector<int>& slots, const std::vector<int32_t>& ids, std::vector<float>& logits) override {
     if (slots.size() != 1 || ids.size() != 1) throw std::invalid_argument("single_slot_backend: one sequence a step");
     check(slots[0]);
@@ -118,7 +154,14 @@ class SingleSlotBackend : public BatchBackend {
   void check(int slot) const {
     if (slot != 0) throw std::out_of_range("single_slot_backend: no slot " + std::to_string(slot));
   }
+  struct Pending {
+    std::vector<int32_t> prompt;
+    int capacity;
+    std::optional<RoutingTable> routing;
+    const PromptRouter* router;
+  };
   std::shared_ptr<SequenceBackend> be_;
+  std::optional<Pending> pending_;  // between prefill_start and its one step
   RoutingTable used_;
   int capacity_ = 0;
   bool live_ = false;

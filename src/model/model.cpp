@@ -181,39 +181,86 @@ void Model::prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::v
     if (!all_logits) logits.swap(part);
     return;
   }
-  // Routed prefill, layer-major: the residual stream of the whole prompt stays in memory, one chunk's activations
-  // at a time; layer l is routed from its boundary keys before any of its attention runs.
-  const ModelConfig& c = config;
+  // Routed prefill, layer-major, through the cursor (one chunk of one layer a step).
+  PrefillCursor cur(*this, ids, T, chunk, cache, nullptr, router.get(), stats);
+  while (!cur.done()) cur.step();
+  cur.finish(logits, all_logits);
+}
+
+PrefillCursor::PrefillCursor(const Model& m, const int32_t* ids, int T, int chunk, KVCache& cache,
+                             const RoutingTable* routing, const PromptRouter* router, AttentionStats* stats)
+    : m_(m), ids_(ids), T_(T), chunk_(chunk), n_layers_(m.config.n_layers), cache_(cache), router_(routing ? nullptr : router),
+      stats_(stats) {
+  const ModelConfig& c = m.config;
+  if (chunk <= 0) throw std::invalid_argument("prefill: chunk size must be positive");
+  if (cache.length != 0) throw std::invalid_argument("prefill: a layer-major prefill needs an empty cache");
+  if (!routing && !router_) throw std::invalid_argument("prefill: no routing table and no router");
   check_capacity(cache, T);
   check_ids(ids, T, c.vocab);
-  const int D = c.hidden, Hkv = c.n_kv_heads, hd = c.head_dim;
-  RoutingTable decided = RoutingTable::all_full(c.n_layers, Hkv);
-  decided.sparse = router->sparse();
-  std::vector<float> x(static_cast<size_t>(T) * D);
-  embed(*this, ids, T, x.data());
-  const std::vector<int> pos = boundary_positions(T, router->pool_first(), router->pool_last());
-  const int nb = static_cast<int>(pos.size());
-  std::vector<float> xb(static_cast<size_t>(nb) * D), pooled(static_cast<size_t>(Hkv) * hd);
-  Work wb(c, nb), w(c, std::min(chunk, T));
-  for (int l = 0; l < c.n_layers; ++l) {
+  if (router_) {
+    decided_ = RoutingTable::all_full(c.n_layers, c.n_kv_heads);
+    decided_.sparse = router_->sparse();
+  } else {
+    check_routing_shape(*routing, c);
+    check_xattn_chunk(routing->mode.data(), routing->mode.size(), T, chunk, routing->sparse.block);
+    decided_ = *routing;
+  }
+  x_.resize(static_cast<size_t>(T) * c.hidden);
+  embed(m, ids, T, x_.data());
+  work_ = std::make_shared<Work>(c, std::min(chunk, T));
+}
+
+int PrefillCursor::steps_left() const {
+  const int per_layer = (T_ + chunk_ - 1) / chunk_;
+  return done() ? 0 : (n_layers_ - layer_) * per_layer - t0_ / chunk_;
+}
+
+void PrefillCursor::step() {
+  if (done()) throw std::logic_error("PrefillCursor::step after the last layer");
+  const ModelConfig& c = m_.config;
+  const int D = c.hidden, Hkv = c.n_kv_heads, hd = c.head_dim, l = layer_;
+  HeadMode* modes = decided_.mode.data() + static_cast<size_t>(l) * Hkv;
+  if (t0_ == 0 && router_) {
+    // Route layer l from the boundary keys (after k_norm, before RoPE), then size its cache.
+    const std::vector<int> pos = boundary_positions(T_, router_->pool_first(), router_->pool_last());
+    const int nb = static_cast<int>(pos.size());
+    std::vector<float> xb(static_cast<size_t>(nb) * D), pooled(static_cast<size_t>(Hkv) * hd, 0.f);
     for (int i = 0; i < nb; ++i)
-      std::copy_n(x.data() + static_cast<size_t>(pos[i]) * D, D, xb.data() + static_cast<size_t>(i) * D);
-    qkv(*this, l, xb.data(), nb, 0, wb, false);
-    std::fill(pooled.begin(), pooled.end(), 0.f);
+      std::copy_n(x_.data() + static_cast<size_t>(pos[i]) * D, D, xb.data() + static_cast<size_t>(i) * D);
+    Work wb(c, nb);
+    qkv(m_, l, xb.data(), nb, 0, wb, false);
     for (int i = 0; i < nb; ++i)
       for (size_t j = 0; j < pooled.size(); ++j) pooled[j] += wb.k[static_cast<size_t>(i) * Hkv * hd + j] / nb;
-    HeadMode* modes = decided.mode.data() + static_cast<size_t>(l) * Hkv;
-    router->decide(l, pooled.data(), modes);
-    check_xattn_chunk(modes, static_cast<size_t>(Hkv), T, chunk, decided.sparse.block);
-    cache.allocate_layer(l, modes, decided.sparse);
-    for (int t0 = 0; t0 < T; t0 += chunk) {
-      const int n = std::min(chunk, T - t0);
-      layer_step(*this, l, x.data() + static_cast<size_t>(t0) * D, n, t0, cache, decided, w, stats, nullptr, true);
-    }
+    router_->decide(l, pooled.data(), modes);
+    check_xattn_chunk(modes, static_cast<size_t>(Hkv), T_, chunk_, decided_.sparse.block);
+    cache_.allocate_layer(l, modes, decided_.sparse);
   }
-  cache.length = T;
-  cache.routing = decided;
-  head(*this, x.data(), T, all_logits, logits);
+  const int n = std::min(chunk_, T_ - t0_);
+  layer_step(m_, l, x_.data() + static_cast<size_t>(t0_) * D, n, t0_, cache_, decided_, *static_cast<Work*>(work_.get()),
+             stats_, nullptr, true);
+  t0_ += n;
+  if (t0_ >= T_) t0_ = 0, ++layer_;
 }
+
+void PrefillCursor::finish(std::vector<float>& logits, bool all_logits) {
+  if (!done()) throw std::logic_error("PrefillCursor::finish before the last layer");
+  cache_.length = T_;
+  cache_.routing = decided_;
+  if (all_logits) {  // chunk by chunk, as the token-major prefill does (a product's bits depend on its row count)
+    const int D = m_.config.hidden;
+    std::vector<float> part;
+    logits.clear();
+    for (int t0 = 0; t0 < T_; t0 += chunk_) {
+      head(m_, x_.data() + static_cast<size_t>(t0) * D, std::min(chunk_, T_ - t0), true, part);
+      logits.insert(logits.end(), part.begin(), part.end());
+    }
+  } else {
+    head(m_, x_.data(), T_, false, logits);
+  }
+  x_ = {};
+  work_.reset();
+}
+
+
 
 }  // namespace elastic

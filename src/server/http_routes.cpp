@@ -776,8 +776,12 @@ Server::Impl::Impl(Model m, const std::string& dir, ServerOptions o) : opts(std:
   }
   SchedulerOptions so;
   so.backend = opts.backend;
+  so.batch_backend = opts.batch_backend;
   so.max_slots = opts.max_slots;
   so.max_queue = opts.max_queue;
+  if (opts.prefill_chunk < 1)
+    throw std::runtime_error("server: the prefill chunk must be >= 1 token, got " + std::to_string(opts.prefill_chunk));
+  so.prefill_chunk = opts.prefill_chunk;
   so.kv_budget_bytes = opts.kv_budget_bytes;
   so.threads = opts.threads;
   so.log = opts.log_requests;

@@ -62,7 +62,12 @@ Scheduler::Scheduler(const Model& m, const Tokenizer* tok, std::vector<int32_t> 
   if (o_.max_slots < 1) throw std::invalid_argument("server: max slots must be >= 1");
   if (o_.max_queue < 0) throw std::invalid_argument("server: max queue must be >= 0");
   if (o_.backend && o_.max_slots != 1) throw std::invalid_argument("server: a sequence backend has exactly one slot");
-  be_ = o_.backend ? single_slot_backend(o_.backend) : cpu_batch_backend(m_, o_.max_slots, o_.prefill_chunk);
+  if (o_.backend) be_ = single_slot_backend(o_.backend);
+  else if (o_.batch_backend) be_ = o_.batch_backend;
+  else be_ = cpu_batch_backend(m_, o_.max_slots, o_.prefill_chunk);
+  if (be_->slots() < o_.max_slots)
+    throw std::invalid_argument("server: " + std::to_string(o_.max_slots) + " slots asked of a backend with " +
+                                std::to_string(be_->slots()));
   for (int s = be_->slots() - 1; s >= 0; --s) free_slots_.push_back(s);
   {
     std::lock_guard g(met_.mu);
@@ -89,7 +94,9 @@ void Scheduler::stop() {
     left.swap(waiting_);
   }
   for (auto& a : active_) left.push_back(a->job);
+  for (auto& a : prefilling_) left.push_back(a->job);
   active_.clear();
+  prefilling_.clear();
   for (auto& j : left) {
     std::lock_guard g(j->mu);
     if (!j->done) {
@@ -300,7 +307,7 @@ void Scheduler::loop() {
     std::vector<std::shared_ptr<Job>> dropped;
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stopping_ || !active_.empty() || !waiting_.empty(); });
+      cv_.wait(lk, [&] { return stopping_ || !active_.empty() || !prefilling_.empty() || !waiting_.empty(); });
       if (stopping_) return;
       // Clients that left while waiting free their place in the queue.
       for (auto it = waiting_.begin(); it != waiting_.end();)
@@ -329,7 +336,7 @@ void Scheduler::loop() {
       j->finish_reason = "cancelled";
       j->cv.notify_all();
     }
-    // Prefill the newcomers one by one, each with its own routing and hybrid cache.
+    // Newcomers take a slot and start their prefill, each with its own routing and memory.
     for (auto& up : admitted) {
       Active& a = *up;
       Job& j = *a.job;
@@ -347,37 +354,70 @@ void Scheduler::loop() {
         continue;
       }
       try {
-        // Router or table; the reservation becomes what the sequence holds (a router sizes each layer as it decides).
         a.slot = free_slots_.back();
         free_slots_.pop_back();
-        RoutingTable used;
-        be_->prefill(a.slot, j.prompt, j.capacity, j.use_router ? nullptr : &j.routing,
-                     j.use_router ? m_.router.get() : nullptr, logits, used);
-        j.routing = used;
-        if (const size_t kb = be_->kv_bytes(a.slot)) {
-          std::lock_guard g(mu_);
-          kv_in_use_ = kv_in_use_ - j.kv_bytes + kb;
-          j.kv_bytes = kb;
-          publish_gauges_locked();
-        }
-        {
-          a.kv_if_full = be_->kv_bytes_all_full(a.slot);
-          std::lock_guard g(met_.mu);
-          met_.kv_bytes_if_full += a.kv_if_full;
-        }
-        a.t_first = clock_t_::now();
-        {
-          std::lock_guard g(met_.mu);
-          met_.prefill_s += secs(a.t_first - a.t_admit);
-        }
-        on_token(a, a.sampler.sample(logits.data(), V));
-        std::lock_guard g(j.mu);
-        j.prefilled = true;
-        j.cv.notify_all();
+        be_->prefill_start(a.slot, j.prompt, j.capacity, j.use_router ? nullptr : &j.routing,
+                           j.use_router ? m_.router.get() : nullptr);
+        prefilling_.push_back(std::move(up));
       } catch (...) {
         fail(a, std::current_exception());
       }
-      active_.push_back(std::move(up));
+    }
+    // Clients that left during their prefill free their slots.
+    for (auto& a : prefilling_)
+      if (!a->finished && a->job->cancelled) finish(*a, "cancelled");
+    std::erase_if(prefilling_, [](const std::unique_ptr<Active>& a) { return a->finished; });
+    // Prefill work between two decode steps: at most n_layers steps (on the CPU one chunk through one layer each, so
+    // a prompt of one chunk or less completes in one turn and a longer one advances by one chunk's worth), oldest
+    // first. The running requests' next token waits for that much prefill at most, however long the prompt.
+    for (int budget = m_.config.n_layers; budget > 0 && !prefilling_.empty(); --budget) {
+      Active& a = *prefilling_.front();
+      Job& j = *a.job;
+      bool done = false;
+      if (j.cancelled) {
+        finish(a, "cancelled");
+      } else {
+        try {
+          const auto s0 = clock_t_::now();
+          RoutingTable used;
+          const bool last = be_->prefill_step(a.slot, logits, used);
+          const double busy = secs(clock_t_::now() - s0);
+          {
+            std::lock_guard g(met_.mu);
+            met_.prefill_s += busy;
+          }
+          if (last) {
+            j.routing = used;
+            // The reservation becomes what the sequence holds (a router sizes each layer as it decides).
+            if (const size_t kb = be_->kv_bytes(a.slot)) {
+              std::lock_guard g(mu_);
+              kv_in_use_ = kv_in_use_ - j.kv_bytes + kb;
+              j.kv_bytes = kb;
+              publish_gauges_locked();
+            }
+            {
+              a.kv_if_full = be_->kv_bytes_all_full(a.slot);
+              std::lock_guard g(met_.mu);
+              met_.kv_bytes_if_full += a.kv_if_full;
+            }
+            a.t_first = clock_t_::now();
+            on_token(a, a.sampler.sample(logits.data(), V));
+            {
+              std::lock_guard g(j.mu);
+              j.prefilled = true;
+              j.cv.notify_all();
+            }
+            done = true;
+          }
+        } catch (...) {
+          fail(a, std::current_exception());
+        }
+      }
+      if (a.finished || done) {
+        std::unique_ptr<Active> up = std::move(prefilling_.front());
+        prefilling_.pop_front();
+        if (!up->finished) active_.push_back(std::move(up));
+      }
     }
     // Clients that disconnected free their slots before the step.
     for (auto& a : active_)

@@ -150,6 +150,7 @@ struct Job {
 struct SchedulerOptions {
   std::shared_ptr<SequenceBackend> backend;  // one sequence at a time on it (max_slots 1), instead of the CPU model's
                                              // slots (cpu_batch_backend)
+  std::shared_ptr<BatchBackend> batch_backend;  // or these slots (max_slots at most its slots)
   int max_slots = 4;
   int max_queue = 64;  // waiting requests; submit() refuses one more with 429
   size_t kv_budget_bytes = size_t(1) << 30;
@@ -179,7 +180,8 @@ class Scheduler {
   bool step_text(Active& a, int32_t id);  // appends a token's text; true when a stop string ended the request
 
   const Model& m_;
-  std::unique_ptr<BatchBackend> be_;  // the engine's slots: the CPU model's, or one on options' SequenceBackend
+  std::shared_ptr<BatchBackend> be_;  // the engine's slots: the CPU model's, options' batch backend, or one slot on
+                                      // options' SequenceBackend
   std::vector<int> free_slots_;       // engine thread only
   const Tokenizer* tok_;
   std::vector<int32_t> eos_;
@@ -188,7 +190,8 @@ class Scheduler {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> waiting_;
-  std::vector<std::unique_ptr<Active>> active_;  // engine thread only
+  std::deque<std::unique_ptr<Active>> prefilling_;  // engine thread only: admitted, prefill under way (FIFO)
+  std::vector<std::unique_ptr<Active>> active_;     // engine thread only: decoding
   size_t kv_in_use_ = 0;  // under mu_
   int running_ = 0;       // under mu_
   bool stopping_ = false;
