@@ -104,6 +104,9 @@ class GpuModel {
   int max_ctx() const;  // positions a sequence may hold (GpuOptions::max_ctx)
   size_t kv_bytes() const;  // K and V bytes of the pages the current sequence holds now (they grow as it decodes)
   size_t kv_bytes_all_full() const;  // the pages it would hold now were every head full
+  // Ends the current sequence: its pages go back to the pool now, not at the next prefill (a server slot that
+  // finished or was cancelled). decode() then refuses until the next prefill.
+  void release();
   const RoutingTable& routing() const;  // the current sequence's routing
 
   struct Impl;

@@ -29,6 +29,8 @@ class SequenceBackend {
   // the chunk when it starts on a block boundary, where decode steps attend densely).
   virtual void extend(const std::vector<int32_t>& ids, std::vector<float>& all_logits);
   virtual int length() const = 0;  // positions the current sequence holds
+  // Ends the current sequence and frees its memory now (a server slot that finished, was cancelled or disconnected).
+  virtual void release() = 0;
   virtual std::string name() const = 0;  // "cuda", "cpu"; recorded in run.json
   virtual int capacity() const = 0;      // positions a sequence may hold (prompt + generated tokens)
   virtual size_t kv_bytes() const { return 0; }  // the current sequence's KV caches (0 = not known)

@@ -19,6 +19,7 @@ class GpuSequenceBackend : public SequenceBackend {
   void decode(int32_t id, std::vector<float>& logits) override { g_.decode(id, &logits); }
   int32_t decode_greedy(int32_t id) override { return g_.decode(id, nullptr); }  // argmax on the device
   int length() const override { return g_.length(); }
+  void release() override { g_.release(); }
   std::string name() const override { return "cuda"; }
   int capacity() const override { return g_.max_ctx(); }
   size_t kv_bytes() const override { return g_.kv_bytes(); }  // live: pages grow as the sequence decodes

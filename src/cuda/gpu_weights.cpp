@@ -176,6 +176,12 @@ size_t GpuModel::kv_bytes() const {
   for (const auto& sq : impl_->seq) pages += sq ? size_t(sq->pages_held()) : 0;
   return pages * impl_->page_bytes() * 2;  // K and V
 }
+void GpuModel::release() {
+  impl_->drop_graph();  // the graph reads the page tables of this sequence
+  impl_->length = 0;
+  impl_->seq.clear();  // SequencePages return their pages to the pool
+}
+
 size_t GpuModel::kv_bytes_all_full() const {
   const size_t pages_per_head = (size_t(impl_->length) + Impl::kPageSize - 1) / Impl::kPageSize;
   return size_t(impl_->c.n_layers) * impl_->c.n_kv_heads * pages_per_head * impl_->page_bytes() * 2;  // K and V

@@ -139,7 +139,9 @@ class SingleSlotBackend : public BatchBackend {
   }
   void release(int slot) override {
     check(slot);
-    live_ = false;  // the backend keeps its memory for the next sequence
+    live_ = false;
+    pending_.reset();
+    be_->release();  // its memory back now (the GPU's pages to the pool)
   }
   int length(int slot) const override { return check(slot), live_ ? be_->length() : 0; }
   int capacity(int slot) const override { return check(slot), capacity_; }

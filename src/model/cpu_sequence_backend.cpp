@@ -79,6 +79,7 @@ class CpuSequenceBackend : public SequenceBackend {
   int capacity() const override { return capacity_; }
   size_t kv_bytes() const override { return cache_.bytes(); }
   int length() const override { return cache_.length; }
+  void release() override { cache_ = KVCache{}; }
   size_t kv_bytes_all_full() const override { return cache_.bytes_all_full(); }
   const AttentionStats* counted_attention(bool prompt_only) const override {
     return prompt_only ? &prompt_counted_ : &counted_;

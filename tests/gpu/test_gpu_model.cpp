@@ -299,6 +299,34 @@ TEST_P(GpuModelTest, LastRowAttentionMatchesCpuProbe) {
   EXPECT_LT(rel_err(got, ref), kTol);
 }
 
+// A finished server slot returns its pages at once: release() empties the sequence (kv_bytes 0, decode refused),
+// and the next prefill and its decode steps run as on a fresh model.
+TEST_P(GpuModelTest, ReleaseReturnsPagesAtOnce) {
+  SKIP_WITHOUT_GPU();
+  TRACED_SEED(seed);
+  Model m = make_model(GetParam(), seed);
+  std::mt19937_64 rng(seed);
+  auto a = cuda::GpuModel::upload(m, options(512, 256)), b = cuda::GpuModel::upload(m, options(512, 256));
+  const auto ids = random_ids(300, m.config.vocab, rng);
+  RoutingTable r = mixed(m.config, false);
+  a->prefill(ids.data(), 300, &r, nullptr, nullptr, false);
+  a->decode(ids[3]);
+  EXPECT_GT(a->kv_bytes(), 0u);
+  a->release();
+  EXPECT_EQ(a->kv_bytes(), 0u);
+  EXPECT_EQ(a->length(), 0);
+  EXPECT_THROW(a->decode(ids[4]), std::logic_error);
+  a->prefill(ids.data(), 200, &r, nullptr, nullptr, false);
+  b->prefill(ids.data(), 200, &r, nullptr, nullptr, false);
+  int32_t ta = ids[7], tb = ids[7];
+  for (int i = 0; i < 5; ++i) {
+    ta = a->decode(ta);
+    tb = b->decode(tb);
+    ASSERT_EQ(ta, tb) << "step " << i;
+  }
+  EXPECT_EQ(a->kv_bytes(), b->kv_bytes());
+}
+
 // bench --decode's breakdown: a step timed by part decodes like any other step (same token, and the steps after it
 // still match a model that never timed one), and every part has GPU time.
 TEST_P(GpuModelTest, DecodePartsStepDecodesLikeAnyStep) {
