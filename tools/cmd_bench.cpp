@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
+#include "elastic/sparse_pattern.h"
 #include "elastic/model_shapes.h"
 #include "elastic/plot_svg.h"
 #include "elastic/text_file.h"
@@ -77,20 +78,25 @@ RoutingTable routing_for(const std::string& mode, const ModelConfig& c, const Sp
   return r;
 }
 
-// Fraction of the causal key blocks the routing computes, from the modes alone (NaN with XAttention heads: their
-// blocks depend on the input). The GPU path reports this; the CPU path counts pairs as it runs.
+// Fraction of the causal key blocks the routing computes, from the patterns' block rules alone (NaN where a pattern
+// has an estimator, XAttention: its blocks depend on the input). The GPU path reports this; the CPU path counts
+// pairs as it runs. One count per pattern, weighted by its heads.
 double routed_block_ratio(const RoutingTable& r, int T) {
   const int B = r.sparse.block, nb = (T + B - 1) / B;
-  double kept = 0, all = 0;
-  for (HeadMode m : r.mode) {
-    if (m == HeadMode::XAttn) return NAN;
+  std::vector<int64_t> heads(n_sparse_patterns(), 0);
+  for (HeadMode m : r.mode) ++heads.at(static_cast<size_t>(m));
+  const double all = double(nb) * (nb + 1) / 2;
+  double kept = 0;
+  for (size_t i = 0; i < heads.size(); ++i) {
+    if (!heads[i]) continue;
+    const HeadMode m = static_cast<HeadMode>(i);
+    if (sparse_pattern(m).select) return NAN;
+    double k = 0;
     for (int qb = 0; qb < nb; ++qb)
-      for (int kb = 0; kb <= qb; ++kb) {
-        all += 1;
-        kept += m == HeadMode::Full || streaming_keeps(qb, kb, r.sparse);
-      }
+      for (int kb = 0; kb <= qb; ++kb) k += pattern_holds(m, qb, kb, r.sparse);
+    kept += k * double(heads[i]);
   }
-  return kept / all;
+  return r.mode.empty() ? 1.0 : kept / (all * double(r.mode.size()));
 }
 
 std::string fmt_or_dash(double v, const char* f) {
