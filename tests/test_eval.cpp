@@ -134,10 +134,17 @@ TEST_F(EvalRun, EndToEndWritesTableJsonAndSvgs) {
   EXPECT_NE(md.find("| niah_single_1 | 92 |"), std::string::npos);
   EXPECT_NE(md.find("| continue_text | 96 |"), std::string::npos);
   EXPECT_NE(md.find("**average**"), std::string::npos);
+  // Every task row names its split: the router's training mix (tasks.h) or held out.
+  EXPECT_NE(md.find("| task | split | length | full | ssa-tiny |"), std::string::npos);
+  EXPECT_NE(md.find("| niah_single_1 | held-out | 92 |"), std::string::npos);
+  EXPECT_NE(md.find("| continue_text | train | 96 |"), std::string::npos);
+  EXPECT_NE(md.find("| **average** | held-out |"), std::string::npos);
+  EXPECT_NE(md.find("| **average** | train |"), std::string::npos);
   EXPECT_NE(md.find("## Likelihood tasks"), std::string::npos);
   EXPECT_NE(md.find("Omega_MSR / Omega_ESR"), std::string::npos);
   const json j = json::parse(read_file(dir + "/summary.json"));
   EXPECT_EQ(j["cells"].size(), 12u);
+  for (const json& c : j["cells"]) EXPECT_EQ(c["split"], task_split(c["task"].get<std::string>())) << c.dump();
   EXPECT_EQ(j["per_method"].size(), 2u);
   const std::string line = read_file(dir + "/score_vs_length.svg");
   EXPECT_EQ(count(line, "class=\"series\""), 2u);

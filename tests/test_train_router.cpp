@@ -105,6 +105,14 @@ TEST(TrainData, BuiltinMixCoversEveryTaskAtEveryLength) {
   std::map<std::string, std::set<size_t>> lengths;  // task class -> prompt lengths seen
   for (const auto& e : mix) lengths[e.task_class].insert(e.input_ids.size());
   for (const auto& [cls, ls] : lengths) EXPECT_EQ(ls, (std::set<size_t>{160, 240})) << cls;
+  // The mix is the training split and nothing else; every other task is held out.
+  for (const std::string& t : ruler_task_names()) {
+    const bool trained = std::find(training_task_names().begin(), training_task_names().end(), t) !=
+                         training_task_names().end();
+    EXPECT_STREQ(task_split(t), trained ? "train" : "held-out") << t;
+  }
+  EXPECT_EQ(training_task_names().size(), 6u);
+  EXPECT_STREQ(task_split("niah_multivalue"), "held-out");
   EXPECT_THROW(builtin_train_mix(nullptr, 512, 6, {}, 3), std::invalid_argument);
 }
 

@@ -49,6 +49,11 @@ struct TaskSample {
 // niah_multiquery, vt, cwe, fwe, qa_1, qa_2, sum_recap, continue_text, code_continue.
 const std::vector<std::string>& ruler_task_names();
 bool is_task_name(const std::string& name);
+// The router's built-in training mix draws only these tasks (builtin_train_mix); every other task is held out. Eval
+// reports mark each task with its split ("train" or "held-out"), so a score on a task the router trained on is never
+// read as generalization.
+const std::vector<std::string>& training_task_names();
+const char* task_split(const std::string& name);
 
 // Deterministic in (spec, target_tokens, seed). Throws std::runtime_error naming the task when the name is unknown,
 // target_tokens is too small for the task's fixed parts, a corpus file cannot be read, or vocab is missing.

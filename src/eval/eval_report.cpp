@@ -131,7 +131,8 @@ json EvalSummary::to_json() const {
   j["lengths"] = lengths;
   j["cells"] = json::array();
   for (const CellSummary& c : cells) {
-    json e = {{"method", c.method}, {"task", c.task}, {"class", c.task_class}, {"metric", c.metric},
+    json e = {{"method", c.method}, {"task", c.task}, {"split", task_split(c.task)}, {"class", c.task_class},
+              {"metric", c.metric},
               {"length", c.length}, {"n", c.n},       {"score", c.score},      {"msr", c.msr},
               {"esr", c.esr},       {"flops", c.flops}, {"wall_s", c.wall_s}};
     if (c.metric == "likelihood") {
@@ -152,15 +153,16 @@ std::string markdown_report(const EvalSummary& s) {
   std::string o = "# Elastic long-context evaluation (RULER-style)\n\n";
   o += "Scores are 0-100: string_match_all / string_match_part x 100 (RULER), and for likelihood tasks "
        "100 x exp(mean reference log-prob). Each cell is the mean over samples.\n\n";
-  o += "## Score per task x length\n\n| task | length |";
+  o += "## Score per task x length\n\nsplit: `train` = a task of the router's built-in training mix, `held-out` = "
+       "one it never trained on (tasks.h).\n\n| task | split | length |";
   for (const auto& m : s.methods) o += " " + m + " |";
-  o += "\n|---|---|";
+  o += "\n|---|---|---|";
   for (size_t i = 0; i < s.methods.size(); ++i) o += "---:|";
   o += "\n";
   for (const auto& t : s.tasks)
     for (int L : s.lengths) {
       bool any = false;
-      std::string row = "| " + t + " | " + len_label(L) + " |";
+      std::string row = "| " + t + " | " + task_split(t) + " | " + len_label(L) + " |";
       for (const auto& m : s.methods) {
         const CellSummary* c = s.find(m, t, L);
         any = any || c;
@@ -168,17 +170,22 @@ std::string markdown_report(const EvalSummary& s) {
       }
       if (any) o += row + "\n";
     }
-  for (int L : s.lengths) {
-    std::string row = "| **average** | " + len_label(L) + " |";
-    for (const auto& m : s.methods) {
-      double sum = 0;
-      int n = 0;
-      for (const auto& t : s.tasks)
-        if (const CellSummary* c = s.find(m, t, L)) { sum += c->score; ++n; }
-      row += " " + (n ? "**" + f2(sum / n) + "**" : std::string("-")) + " |";
+  // Averages over every task, then over each split alone.
+  for (const char* split : {"all", "train", "held-out"})
+    for (int L : s.lengths) {
+      std::string row = std::string("| **average** | ") + split + " | " + len_label(L) + " |";
+      bool any = false;
+      for (const auto& m : s.methods) {
+        double sum = 0;
+        int n = 0;
+        for (const auto& t : s.tasks)
+          if (std::string(split) == "all" || std::string(split) == task_split(t))
+            if (const CellSummary* c = s.find(m, t, L)) { sum += c->score; ++n; }
+        any = any || n;
+        row += " " + (n ? "**" + f2(sum / n) + "**" : std::string("-")) + " |";
+      }
+      if (any || std::string(split) == "all") o += row + "\n";
     }
-    o += row + "\n";
-  }
   o += "\n## Per method (means over all samples)\n\n"
        "| method | score | Omega_MSR | Omega_ESR | attention FLOPs vs full | wall s / sample | samples |\n"
        "|---|---:|---:|---:|---:|---:|---:|\n";

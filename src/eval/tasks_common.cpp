@@ -247,6 +247,18 @@ const std::vector<std::string>& ruler_task_names() {
   return v;
 }
 
+const std::vector<std::string>& training_task_names() {
+  // Sensitive tasks need far-back retrieval; robust tasks are solved from local context.
+  static const std::vector<std::string> v = {"niah_single_2", "sum_recap", "niah_multikey_1", "continue_text", "qa_1",
+                                             "code_continue"};
+  return v;
+}
+
+const char* task_split(const std::string& name) {
+  const auto& t = training_task_names();
+  return std::find(t.begin(), t.end(), name) != t.end() ? "train" : "held-out";
+}
+
 bool is_task_name(const std::string& name) {
   const auto& v = ruler_task_names();
   return std::find(v.begin(), v.end(), name) != v.end();

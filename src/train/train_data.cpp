@@ -114,9 +114,7 @@ std::vector<TrainExample> builtin_train_mix(const Tokenizer* tok, int32_t vocab,
                                             const std::vector<int>& lengths, uint64_t seed,
                                             const std::string& haystack_file, const ChatFormat& chat) {
   if (lengths.empty()) throw std::invalid_argument("built-in mix: no prompt length given");
-  // Sensitive tasks need far-back retrieval; robust tasks are solved from local context.
-  const std::vector<std::string> tasks = {"niah_single_2", "sum_recap", "niah_multikey_1", "continue_text", "qa_1",
-                                          "code_continue"};
+  const std::vector<std::string>& tasks = training_task_names();  // the training split (tasks.h)
   std::vector<TrainExample> out;
   for (int i = 0; i < n_samples; ++i) {
     TaskSpec spec;
