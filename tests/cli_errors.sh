@@ -168,6 +168,7 @@ expect_fail "--max-connections" $S --max-connections 0
 expect_fail "--parallel" $S --parallel 100000
 expect_fail "--max-queue" $S --max-queue -1
 expect_fail "--max-queue" $S --max-queue 1e9
+expect_fail "--chunk" $S --chunk 0
 expect_fail "--threads: 100000 is not in [0, 1024]" $S -t 100000
 expect_fail "--port" $S --port 70000
 if [ -w /dev/full ]; then

@@ -1331,10 +1331,6 @@ struct RecordingBackend : BatchBackend {
   }
   int slots() const override { return in->slots(); }
   bool budgets_kv() const override { return in->budgets_kv(); }
-  void prefill(int s, const std::vector<int32_t>& p, int c, const RoutingTable* r, const PromptRouter* ro,
-               std::vector<float>& l, RoutingTable& u) override {
-    in->prefill(s, p, c, r, ro, l, u);
-  }
   void prefill_start(int s, const std::vector<int32_t>& p, int c, const RoutingTable* r,
                      const PromptRouter* ro) override {
     in->prefill_start(s, p, c, r, ro);

@@ -19,13 +19,10 @@ class BatchBackend {
   // admission reserves bytes against a budget; false when the backend holds its memory already (the GPU's pages).
   virtual bool budgets_kv() const = 0;
   // Starts a sequence in free slot `slot` with room for `capacity` positions: prefill of `prompt` under `routing`,
-  // or `router`'s decisions. Writes the last position's logits [V] and the routing used.
-  virtual void prefill(int slot, const std::vector<int32_t>& prompt, int capacity, const RoutingTable* routing,
-                       const PromptRouter* router, std::vector<float>& logits, RoutingTable& used) = 0;
-  // The same prefill in bounded steps, so the scheduler can run the other slots' decode steps between them and a long
-  // prompt stalls them by one step: prefill_start, then prefill_step until it returns true (logits and used then
-  // set as prefill sets them). The CPU steps one chunk through one layer (PrefillCursor); a backend without steps
-  // runs the whole prefill in its first step.
+  // or `router`'s decisions, in bounded steps, so the scheduler can run the other slots' decode steps between them
+  // and a long prompt stalls them by one step: prefill_start, then prefill_step until it returns true (then the last
+  // position's logits [V] and the routing used are written). The CPU steps one chunk through one layer
+  // (PrefillCursor); a backend without steps runs the whole prefill in its first step.
   virtual void prefill_start(int slot, const std::vector<int32_t>& prompt, int capacity, const RoutingTable* routing,
                              const PromptRouter* router) = 0;
   virtual bool prefill_step(int slot, std::vector<float>& logits, RoutingTable& used) = 0;

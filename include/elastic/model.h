@@ -104,6 +104,15 @@ struct Model {
   // router's decision for this prompt); it must keep the layer/head counts.
 };
 
+// Readies an empty `cache` for a prompt's prefill into `capacity` positions, the one rule both CPU backends follow:
+// routed by `router` (which must be the model's own, Model::router), the cache is sized layer by layer as it decides
+// (init_deferred) and `table` is cleared; else `table` becomes `routing` (all full when null) and the cache is built
+// for it (init). Returns the table the prefill runs under, nullptr when the router decides. Throws
+// std::invalid_argument naming `who` for another router.
+const RoutingTable* init_sequence_cache(const Model& m, int capacity, const RoutingTable* routing,
+                                        const PromptRouter* router, KVCache& cache, RoutingTable& table,
+                                        const char* who);
+
 // A prompt's prefill into an empty cache in steps of one chunk through one layer (layer-major: every chunk of layer
 // l, then l + 1), so a server can run other sequences' decode steps between steps and a long prompt stalls them by
 // one step at most. Routed by `router` (layer l decided from its boundary keys before its attention; the cache is

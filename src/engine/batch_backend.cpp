@@ -21,29 +21,15 @@ class CpuBatchBackend : public BatchBackend {
   int slots() const override { return static_cast<int>(seqs_.size()); }
   bool budgets_kv() const override { return true; }
 
-  void prefill(int slot, const std::vector<int32_t>& prompt, int capacity, const RoutingTable* routing,
-               const PromptRouter* router, std::vector<float>& logits, RoutingTable& used) override {
-    prefill_start(slot, prompt, capacity, routing, router);
-    while (!prefill_step(slot, logits, used)) {
-    }
-  }
-
   void prefill_start(int slot, const std::vector<int32_t>& prompt, int capacity, const RoutingTable* routing,
                      const PromptRouter* router) override {
     Seq& s = at(slot);
     s = Seq{};
     if (prompt.empty()) throw std::invalid_argument("cpu_batch_backend: empty prompt");
     s.prompt = prompt;  // the cursor reads the ids until the last step
-    const bool routed = !routing && router;
-    if (routed) {
-      if (router != m_.router.get()) throw std::invalid_argument("cpu_batch_backend: the router must be the model's own");
-      s.cache.init_deferred(m_.config, capacity);  // the router sizes each layer's cache as it decides
-    } else {
-      s.routing = routing ? *routing : RoutingTable::all_full(m_.config.n_layers, m_.config.n_kv_heads);
-      s.cache.init(m_.config, capacity, &s.routing);
-    }
+    const RoutingTable* table = init_sequence_cache(m_, capacity, routing, router, s.cache, s.routing, "cpu_batch_backend");
     s.cursor = std::make_unique<PrefillCursor>(m_, s.prompt.data(), static_cast<int>(s.prompt.size()), chunk_, s.cache,
-                                               routed ? nullptr : &s.routing, routed ? router : nullptr, &s.stats);
+                                               table, table ? nullptr : router, &s.stats);
   }
 
   bool prefill_step(int slot, std::vector<float>& logits, RoutingTable& used) override {
@@ -103,19 +89,7 @@ class SingleSlotBackend : public BatchBackend {
   int slots() const override { return 1; }
   bool budgets_kv() const override { return false; }
 
-  void prefill(int slot, const std::vector<int32_t>& prompt, int capacity, const RoutingTable* routing,
-               const PromptRouter* router, std::vector<float>& logits, RoutingTable& used) override {
-    check(slot);
-    live_ = false;  // until this prefill succeeds: a failed one reports no figures, not the previous sequence's
-    used_ = RoutingTable{};
-    if (capacity > be_->capacity())
-      throw std::invalid_argument("the " + be_->name() + " backend holds " + std::to_string(be_->capacity()) +
-                                  " positions, the request needs " + std::to_string(capacity));
-    capacity_ = capacity;
-    be_->prefill(prompt, routing, router, logits, used_);
-    used = used_;
-    live_ = true;
-  }
+
   void prefill_start(int slot, const std::vector<int32_t>& prompt, int capacity, const RoutingTable* routing,
                      const PromptRouter* router) override {
     check(slot);
@@ -126,7 +100,15 @@ class SingleSlotBackend : public BatchBackend {
     if (!pending_) throw std::logic_error("single_slot_backend: prefill_step without prefill_start");
     const Pending p = std::move(*pending_);
     pending_.reset();
-    prefill(slot, p.prompt, p.capacity, p.routing ? &*p.routing : nullptr, p.router, logits, used);
+    live_ = false;  // until this prefill succeeds: a failed one reports no figures, not the previous sequence's
+    used_ = RoutingTable{};
+    if (p.capacity > be_->capacity())
+      throw std::invalid_argument("the " + be_->name() + " backend holds " + std::to_string(be_->capacity()) +
+                                  " positions, the request needs " + std::to_string(p.capacity));
+    capacity_ = p.capacity;
+    be_->prefill(p.prompt, p.routing ? &*p.routing : nullptr, p.router, logits, used_);
+    used = used_;
+    live_ = true;
     return true;
   }
 

@@ -27,19 +27,11 @@ class CpuSequenceBackend : public SequenceBackend {
     cache_ = KVCache{};
     counted_ = AttentionStats{};
     const int T = static_cast<int>(prompt.size());
-    if (!routing && router) {
-      if (router != m_->router.get())
-        throw std::invalid_argument("cpu_sequence_backend: the router must be the model's own (Model::router)");
-      cache_.init_deferred(m_->config, capacity_);  // routed layer by layer inside the prefill
-      m_->prefill(prompt.data(), T, chunk_, cache_, logits, false, &counted_);
-      used = cache_.routing;
-      prompt_counted_ = counted_;
-      return;
-    }
-    table_ = routing ? *routing : RoutingTable::all_full(m_->config.n_layers, m_->config.n_kv_heads);
-    cache_.init(m_->config, capacity_, &table_);
-    m_->prefill(prompt.data(), T, chunk_, cache_, logits, false, &counted_, &table_);
-    used = table_;
+    // A router routes layer by layer inside the prefill (table null); a table is the prefill's override.
+    const RoutingTable* table =
+        init_sequence_cache(*m_, capacity_, routing, router, cache_, table_, "cpu_sequence_backend");
+    m_->prefill(prompt.data(), T, chunk_, cache_, logits, false, &counted_, table);
+    used = table ? table_ : cache_.routing;
     prompt_counted_ = counted_;
   }
 

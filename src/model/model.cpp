@@ -187,6 +187,21 @@ void Model::prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::v
   cur.finish(logits, all_logits);
 }
 
+const RoutingTable* init_sequence_cache(const Model& m, int capacity, const RoutingTable* routing,
+                                        const PromptRouter* router, KVCache& cache, RoutingTable& table,
+                                        const char* who) {
+  if (!routing && router) {
+    if (router != m.router.get())
+      throw std::invalid_argument(std::string(who) + ": the router must be the model's own (Model::router)");
+    table = RoutingTable{};
+    cache.init_deferred(m.config, capacity);
+    return nullptr;
+  }
+  table = routing ? *routing : RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
+  cache.init(m.config, capacity, &table);
+  return &table;
+}
+
 PrefillCursor::PrefillCursor(const Model& m, const int32_t* ids, int T, int chunk, KVCache& cache,
                              const RoutingTable* routing, const PromptRouter* router, AttentionStats* stats)
     : m_(m), ids_(ids), T_(T), chunk_(chunk), n_layers_(m.config.n_layers), cache_(cache), router_(routing ? nullptr : router),
