@@ -298,6 +298,23 @@ TEST_F(EvalRun, BuiltinMethodsAndLengths) {
   EXPECT_THROW(builtin_method("static@0.5", m, nullptr), std::runtime_error);
   EXPECT_THROW(builtin_method("static@1.5", m, &hs), std::runtime_error);
   EXPECT_THROW(builtin_method("sparse-magic", m, nullptr), std::runtime_error);
+  // The random-head control: the asked share of heads sparse, one draw per seed, the same for every prompt, and no
+  // scores needed. Over 200 seeds every head is drawn sparse about half the time (a draw that ignored the seed, or
+  // always took the first heads, would not be).
+  EXPECT_DOUBLE_EQ(builtin_method("random@0.5:3", m, nullptr).route(m, prompt).msr(), 0.5);
+  EXPECT_EQ(builtin_method("random@0.5", m, nullptr).route(m, prompt).mode,
+            builtin_method("random@0.5:1", m, nullptr).route(m, prompt).mode);
+  std::vector<int> sparse_count(4, 0);
+  for (int seed = 0; seed < 200; ++seed) {
+    const Method me = builtin_method("random@0.5:" + std::to_string(seed), m, nullptr);
+    const RoutingTable a = me.route(m, prompt), b = me.route(m, std::vector<int32_t>(30, 2));
+    EXPECT_EQ(a.mode, b.mode);
+    for (int i = 0; i < 4; ++i) sparse_count[i] += a.mode[i] == HeadMode::Streaming;
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(sparse_count[i], 100, 30) << "head " << i;
+  for (const char* bad : {"random@", "random@2", "random@0.5:", "random@0.5:-1", "random@0.5:x",
+                          "random@0.5:99999999999999999999999"})
+    EXPECT_THROW(builtin_method(bad, m, nullptr), std::runtime_error) << bad;
   EXPECT_EQ(builtin_method_names().size(), 6u);
   EXPECT_EQ(builtin_method("strided", m, nullptr).route(m, prompt).mode[0], parse_head_mode("strided"));  // any pattern
   EXPECT_EQ(parse_lengths("4k, 8K,100"), (std::vector<int>{4096, 8192, 100}));

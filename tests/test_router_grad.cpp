@@ -185,7 +185,7 @@ TEST(RouterGrad, AdamWSkipsInactiveElements) {
 
 // The whole router gradient through a fixture model: soft gates (the hard gate is a step function), fixed noise.
 void whole_router_check(const std::string& fixture, HeadMode sparse_mode, bool sigmoid,
-                        HeadMode dense_mode = HeadMode::Full) {
+                        HeadMode dense_mode = HeadMode::Full, RouterInput input = RouterInput::Pooled) {
   Model m = Model::load(std::string(ELASTIC_FIXTURE_DIR) + "/" + fixture);
   RouterSpec spec;
   spec.n_layers = m.config.n_layers;
@@ -196,6 +196,7 @@ void whole_router_check(const std::string& fixture, HeadMode sparse_mode, bool s
   spec.sigmoid = sigmoid;
   spec.dense_mode = dense_mode;
   spec.sparse_mode = sparse_mode;
+  spec.input = input;
   spec.sparse.block = 16;
   spec.sparse.sink = 16;
   spec.sparse.local = 16;
@@ -238,6 +239,12 @@ TEST(RouterGrad, WholeRouterLlamaXAttnSigmoid) { whole_router_check("llama_tiny"
 // XA-SSA: XAttention is the dense class.
 TEST(RouterGrad, WholeRouterLlamaXaSsa) {
   whole_router_check("llama_tiny", HeadMode::Streaming, false, HeadMode::XAttn);
+}
+
+// The learned-static control: the router reads a fixed input per head, and its parameters' gradient is still exact
+// (the backward sends nothing into the keys it no longer reads).
+TEST(RouterGrad, WholeRouterHeadIdentityInput) {
+  whole_router_check("qwen3_tiny", HeadMode::Streaming, false, HeadMode::Full, RouterInput::HeadIdentity);
 }
 
 // The training forward with every gate forced FULL (or every gate sparse) is the inference model under that routing.

@@ -192,6 +192,12 @@ TEST(RouterFile, RoundTripAndMismatch) {
   EXPECT_EQ(back.spec.sparse_mode, HeadMode::XAttn);
   EXPECT_EQ(back.spec.sparse.local, 64);
   EXPECT_EQ(back.spec.targets.at("qa"), 0.7);
+  EXPECT_EQ(back.spec.input, RouterInput::Pooled);
+  // The learned-static control's input is kept by the file; a file with an unknown input is refused by name.
+  s.input = RouterInput::HeadIdentity;
+  Router::init(s, 5).save(d + "/static.safetensors");
+  EXPECT_EQ(Router::load(d + "/static.safetensors", m.config).spec.input, RouterInput::HeadIdentity);
+  EXPECT_THROW(parse_router_input("constant"), std::invalid_argument);
   // Another model's shape is refused with a clear error.
   Model other = Model::load(fixture("llama_tiny"));
   try {
@@ -381,6 +387,9 @@ TEST(RouterFile, SpecBoundsNameTheField) {
   EXPECT_NE(error([](RouterSpec& s) { s.dense_mode = HeadMode::Streaming; }).find("dense ssa"), std::string::npos);
   EXPECT_NE(error([](RouterSpec& s) { s.dense_mode = s.sparse_mode = HeadMode::XAttn; }).find("r.safetensors: router"),
             std::string::npos);
+  EXPECT_NE(error([](RouterSpec& s) { s.input = RouterInput::HeadIdentity, s.head_dim = 1; })
+                .find("head-identity router input needs n_kv_heads (2) <= head_dim (1)"),
+            std::string::npos);
   RouterSpec s = spec_for(m);
   s.pool_last = big;
   EXPECT_THROW(Router::init(s, 1), std::runtime_error);
@@ -505,6 +514,25 @@ TEST(TrainRouter, FindsTheKnownRouting) {
   }
   EXPECT_GE(qa_right, 8) << "router keeps head (0, 0) full on sensitive prompts";
   EXPECT_GE(code_omega, 0.9) << "router routes robust prompts sparse";
+
+  // The learned-static control (RouterInput::HeadIdentity): the same trainer, data, loss and seed, but one fixed input
+  // per head. It can only learn one routing for every prompt: the adaptive router's per-input split is out of its
+  // reach, and its file says so.
+  o.spec.input = RouterInput::HeadIdentity;
+  Router st = train_router(m, data, o);
+  st.save(d + "/static.safetensors");
+  m.router = std::make_shared<Router>(Router::load(d + "/static.safetensors", c));
+  EXPECT_EQ(static_cast<const Router&>(*m.router).spec.input, RouterInput::HeadIdentity);
+  std::vector<HeadMode> first;
+  for (auto* set : {&fresh_qa, &fresh_code})
+    for (auto& e : *set) {
+      KVCache kc;
+      kc.init_deferred(c, 100);
+      std::vector<float> lg;
+      m.prefill(e.input_ids.data(), 100, 100, kc, lg, false);
+      if (first.empty()) first = kc.routing.mode;
+      EXPECT_EQ(kc.routing.mode, first) << "a learned-static router routed two prompts differently";
+    }
 }
 
 // Data-parallel training: N ranks (threads here; processes with NCCL under --gpus N) with the same global batch

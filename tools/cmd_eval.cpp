@@ -54,7 +54,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--samples", o->samples, "Samples per task and length")->check(in_range(1, 1000000));
   sub->add_option("--seed", o->seed, "Seed (prompts are the same for every method)");
   sub->add_option("--methods", o->methods,
-                  "Comma list of methods: full, ssa, xattn, static@0.5, static@0.7, static@0.9 (default: all)");
+                  "Comma list of methods: full, ssa, xattn, static@<omega> (retrieval heads kept full), random@<omega>[:seed] (random heads, the control) (default: full,ssa,xattn,static@0.5,static@0.7,static@0.9)");
   sub->add_option("--routing", o->routing, "Extra method: a routing JSON file");
   sub->add_option("--mode", o->mode, "Extra method: every head in one mode")->check(CLI::IsMember(sparse_pattern_names()));
   sub->add_option("--router", o->router, "Extra methods: trained router file(s), comma list (FA-SSA / FA-XA variants)");

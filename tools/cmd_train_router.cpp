@@ -29,6 +29,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
     std::vector<int> builtin_len;  // empty: max-len - 64
     TrainOptions to;
     bool sigmoid = false, no_chat = false;
+    std::string input = "pooled";
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("train-router", "Train the router of a frozen model on task-labelled data");
@@ -53,6 +54,11 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--target", o->targets, "Target Omega of a task class, e.g. qa=0.7 (repeatable)");
   sub->add_flag("--no-chat", o->no_chat, "Built-in mix: do not apply the model's chat template (eval applies it)");
   sub->add_flag("--sigmoid", o->sigmoid, "Gumbel-sigmoid gate (1 logit) instead of the 2-class softmax");
+  // The learned-static control: the same trainer, data and loss with a constant router input (docs/RESULTS.md).
+  sub->add_option("--router-input", o->input,
+                  "pooled (default: the prompt's pooled keys) or head-identity (learned-static control: one fixed "
+                  "input per head, so the router learns a fixed routing)")
+      ->check(CLI::IsMember({"pooled", "head-identity"}));
   // The paper's configurations (dense class -> sparse class); --sparse-mode xattn is the older spelling of fa-xa.
   sub->add_option("--config", o->config, "fa-ssa (default), fa-xa or xa-ssa: what the router's two classes run")
       ->check(CLI::IsMember({"fa-ssa", "fa-xa", "xa-ssa"}));
@@ -101,6 +107,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
     TrainOptions to = o->to;
     to.spec.pool_last = to.spec.pool_first;
     to.spec.sigmoid = o->sigmoid;
+    to.spec.input = parse_router_input(o->input);
     if (!o->config.empty() && !o->sparse_mode.empty())
       throw std::runtime_error("train-router: give --config or --sparse-mode, not both");
     parse_router_config(!o->config.empty() ? o->config : o->sparse_mode == "xattn" ? "fa-xa" : "fa-ssa",

@@ -34,9 +34,14 @@ Method method_uniform(const std::string& name, HeadMode mode, const SparseSettin
 // "static@<omega>": the top (1 - omega) heads by retrieval score stay full, the rest go to sparse_mode.
 Method method_static(double omega, const HeadScores& scores, HeadMode sparse_mode = HeadMode::Streaming,
                      const SparseSettings& s = {});
+// "random@<omega>:<seed>": the random-head control, round(omega * L * Hkv) heads drawn uniformly (random_routing) go
+// to sparse_mode, the same draw for every prompt; seeds give independent draws.
+Method method_random(double omega, uint64_t seed, const Model& m, HeadMode sparse_mode = HeadMode::Streaming,
+                     const SparseSettings& s = {});
 // full, ssa, xattn, static@0.5, static@0.7, static@0.9
 const std::vector<std::string>& builtin_method_names();
-// Builds a built-in by name (static@* need scores; any static@<omega> with omega in [0, 1] is accepted).
+// Builds a built-in by name (static@* need scores; any static@<omega> with omega in [0, 1] is accepted, and any
+// random@<omega>[:seed], seed 1 when omitted).
 // Throws on unknown names, naming the known ones.
 // s: block / sink / local / XAttention settings of the sparse heads of every built-in method.
 Method builtin_method(const std::string& name, const Model& m, const HeadScores* scores, const SparseSettings& s = {});

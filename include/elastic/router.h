@@ -14,10 +14,19 @@
 
 namespace elastic {
 
+// What the router reads. Pooled is the method: each KV head's boundary-pooled keys of this prompt. HeadIdentity is the
+// learned-static control (docs/RESULTS.md): every prompt gives head h the same input, sqrt(head_dim) * e_h (the scale
+// of a k_norm'ed key), so the same trainer, data and loss learn one fixed routing. Comparing the two at matched Omega
+// isolates what input-adaptivity adds.
+enum class RouterInput : uint8_t { Pooled = 0, HeadIdentity = 1 };
+const char* router_input_name(RouterInput in);          // "pooled" | "head-identity"
+RouterInput parse_router_input(const std::string& s);   // throws std::invalid_argument naming both
+
 struct RouterSpec {
   int n_layers = 0, n_kv_heads = 0, head_dim = 0;
   int pool_first = 100, pool_last = 100;  // boundary pooling window (tokens)
   bool sigmoid = false;                   // 1-logit sigmoid gate instead of the 2-class softmax
+  RouterInput input = RouterInput::Pooled;  // HeadIdentity needs n_kv_heads <= head_dim
   // The paper's configurations, as (dense class, sparse class) = (class 1, class 0): FA-SSA (full, ssa), FA-XA (full,
   // xattn), XA-SSA (xattn, ssa). router_config_name / parse_router_config spell them.
   HeadMode dense_mode = HeadMode::Full;        // what a head the router keeps dense runs
@@ -30,7 +39,7 @@ struct RouterSpec {
 
 // Throws "<source>: ..." unless the spec is one a router can be built from: 1..4096 layers and KV heads, head_dim
 // 1..4096 (the MLP's parameter count is computed from it), a pooling window of 0..kMaxSparseWindow tokens at each end
-// and not empty, and a (dense, sparse) pair that is one of the paper's configurations. The bounds keep pool sums and parameter counts far from int
+// and not empty, n_kv_heads <= head_dim for the head-identity input, and a (dense, sparse) pair that is one of the paper's configurations. The bounds keep pool sums and parameter counts far from int
 // overflow. The sparse settings are validate_sparse's (not called here: tests build routers with 16-token blocks).
 void validate_router_spec(const RouterSpec& spec, const std::string& source);
 
@@ -58,7 +67,7 @@ class Router : public PromptRouter {
   size_t layer_size() const;
   const float* layer(int l) const { return params.data() + layer_size() * l; }
   float* layer(int l) { return params.data() + layer_size() * l; }
-  // logits [Hkv, classes] of one layer from pooled keys [Hkv, head_dim].
+  // logits [Hkv, classes] of one layer from pooled keys [Hkv, head_dim] (ignored under RouterInput::HeadIdentity).
   void logits(int layer, const float* pooled, float* out) const;
 
   int pool_first() const override { return spec.pool_first; }

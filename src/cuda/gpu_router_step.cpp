@@ -236,8 +236,9 @@ class GpuRouterTrainer {
         for (int j = 0; j < C; ++j)
           dlogits[h * C + j] = (dz[h] + dz_omega) * dsoft_all_[(size_t(l) * Hkv + h) * C + j];
       std::fill(dpooled.begin(), dpooled.end(), 0.f);
+      // Under the head-identity input the router reads no keys: dpooled stays zero, nothing reaches the backbone.
       router::mlp_bwd<float>(Pl, hd, C, pooled, Hkv, acts, dlogits.data(), dparams + layer_size_ * l,
-                             dpooled.data());
+                             spec_.input == RouterInput::Pooled ? dpooled.data() : nullptr);
       // The pooled keys' gradient lands on the boundary rows of k (after k_norm, before RoPE).
       ELASTIC_CUDA_CHECK(cudaMemsetAsync(dkpool_.ptr, 0, f32s(size_t(T) * K), st));
       for (float& x : dpooled) x /= float(nb);
@@ -484,6 +485,7 @@ class GpuRouterTrainer {
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(pooled, pool_sum_.ptr, f32s(K), cudaMemcpyDeviceToHost, st));
     ELASTIC_CUDA_CHECK(cudaStreamSynchronize(st));
     for (int j = 0; j < K; ++j) pooled[j] /= float(nb);
+    if (spec_.input == RouterInput::HeadIdentity) router::head_identity_input<float>(Hkv, hd, pooled);
     std::vector<float> logits(size_t(Hkv) * C);
     router::mlp_fwd<float>(P_ + layer_size_ * l, hd, C, pooled, Hkv, logits.data(), nullptr);
     for (int h = 0; h < Hkv; ++h) {

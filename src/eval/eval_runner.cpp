@@ -17,6 +17,7 @@
 #include "elastic/haystack.h"
 #include "elastic/heatmap_svg.h"
 #include "elastic/json_file.h"
+#include "elastic/model_shapes.h"
 #include "elastic/output_file.h"
 #include "elastic/scoring.h"
 
@@ -111,15 +112,48 @@ const std::vector<std::string>& builtin_method_names() {
   return v;
 }
 
+namespace {
+
+// "<omega>" of static@<omega> / random@<omega>[:seed], the whole text a number in [0, 1].
+double method_omega(const std::string& name, const std::string& v, const char* form) {
+  char* end = nullptr;
+  const double omega = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !(omega >= 0.0 && omega <= 1.0))
+    throw std::runtime_error("method '" + name + "': " + form + " needs omega in [0, 1]");
+  return omega;
+}
+
+}  // namespace
+
+Method method_random(double omega, uint64_t seed, const Model& m, HeadMode sparse_mode, const SparseSettings& s) {
+  RoutingTable r = random_routing(m.config.n_layers, m.config.n_kv_heads, omega, sparse_mode, seed);
+  r.sparse = s;
+  return method_fixed("random@" + fmt_omega(omega) + ":" + std::to_string(seed), r);
+}
+
 Method builtin_method(const std::string& name, const Model& m, const HeadScores* scores, const SparseSettings& s) {
   for (const std::string& p : sparse_pattern_names())
     if (name == p) return method_uniform(name, parse_head_mode(name), s);
-  if (name.rfind("static@", 0) == 0) {
+  if (name.rfind("random@", 0) == 0) {
     const std::string v = name.substr(7);
-    char* end = nullptr;
-    const double omega = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0' || !(omega >= 0.0 && omega <= 1.0))
-      throw std::runtime_error("method '" + name + "': static@<omega> needs omega in [0, 1]");
+    const size_t colon = v.find(':');
+    const double omega = method_omega(name, v.substr(0, colon), "random@<omega>[:seed]");
+    uint64_t seed = 1;
+    if (colon != std::string::npos) {
+      const std::string t = v.substr(colon + 1);
+      char* end = nullptr;
+      errno = 0;
+      const unsigned long long x = std::strtoull(t.c_str(), &end, 10);
+      if (t.empty() || t[0] == '-' || *end != '\0' || errno == ERANGE)
+        throw std::runtime_error("method '" + name + "': the seed after ':' must be a non-negative integer");
+      seed = x;
+    }
+    Method me = method_random(omega, seed, m, HeadMode::Streaming, s);
+    me.name = name;
+    return me;
+  }
+  if (name.rfind("static@", 0) == 0) {
+    const double omega = method_omega(name, name.substr(7), "static@<omega>");
     if (!scores) throw std::runtime_error("method '" + name + "' needs retrieval head scores (--scores heads.json)");
     if (scores->n_layers != m.config.n_layers || scores->n_kv_heads != m.config.n_kv_heads)
       throw std::runtime_error("method '" + name + "': head scores do not match the model's layers x KV heads");

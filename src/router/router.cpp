@@ -27,11 +27,22 @@ void validate_router_spec(const RouterSpec& s, const std::string& src) {
   check("pool_first", s.pool_first, 0, kMaxSparseWindow);
   check("pool_last", s.pool_last, 0, kMaxSparseWindow);
   if (s.pool_first == 0 && s.pool_last == 0) throw std::runtime_error(src + ": router pooling window is empty");
+  if (s.input == RouterInput::HeadIdentity && s.n_kv_heads > s.head_dim)
+    throw std::runtime_error(src + ": the head-identity router input needs n_kv_heads (" + std::to_string(s.n_kv_heads) +
+                             ") <= head_dim (" + std::to_string(s.head_dim) + ")");
   try {
     (void)router_config_name(s.dense_mode, s.sparse_mode);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(src + ": router " + e.what());
   }
+}
+
+const char* router_input_name(RouterInput in) { return in == RouterInput::Pooled ? "pooled" : "head-identity"; }
+
+RouterInput parse_router_input(const std::string& s) {
+  if (s == "pooled") return RouterInput::Pooled;
+  if (s == "head-identity") return RouterInput::HeadIdentity;
+  throw std::invalid_argument("router input '" + s + "' is not one of pooled, head-identity");
 }
 
 std::string router_config_name(HeadMode dense_mode, HeadMode sparse_mode) {
@@ -71,6 +82,12 @@ Router Router::init(const RouterSpec& spec, uint64_t seed) {
 }
 
 void Router::logits(int layer, const float* pooled, float* out) const {
+  std::vector<float> fixed;
+  if (spec.input == RouterInput::HeadIdentity) {
+    fixed.resize(static_cast<size_t>(spec.n_kv_heads) * spec.head_dim);
+    router::head_identity_input(spec.n_kv_heads, spec.head_dim, fixed.data());
+    pooled = fixed.data();
+  }
   router::mlp_fwd<float>(this->layer(layer), spec.head_dim, spec.classes(), pooled, spec.n_kv_heads, out, nullptr);
 }
 

@@ -93,6 +93,7 @@ void Router::save(const std::string& path) const {
       {"pool_first", std::to_string(spec.pool_first)},
       {"pool_last", std::to_string(spec.pool_last)},
       {"gate", spec.sigmoid ? "sigmoid" : "softmax"},
+      {"input", router_input_name(spec.input)},
       {"dense_mode", head_mode_name(spec.dense_mode)},
       {"sparse_mode", head_mode_name(spec.sparse_mode)},
       {"sparse", sparse.dump()},
@@ -127,6 +128,14 @@ Router Router::load(const std::string& path, const ModelConfig& model) {
       s.sparse_mode = parse_head_mode(sparse_mode);
     } catch (const std::runtime_error& e) {
       throw std::runtime_error(path + ": router metadata 'sparse_mode': " + e.what());
+    }
+    // Files written before the learned-static control had no input: they read pooled keys.
+    if (m.count("input")) {
+      try {
+        s.input = parse_router_input(m.at("input"));
+      } catch (const std::invalid_argument& e) {
+        throw std::runtime_error(path + ": router metadata 'input': " + e.what());
+      }
     }
     // Files written before the configurations had no dense_mode: their dense class is full attention.
     if (m.count("dense_mode")) {

@@ -4,6 +4,7 @@
 //   task.fc1 W[4d,d] b[4d] | task.fc2 W[d,4d] b[d] | router.fc1 W[4d,d] b[4d] | router.fc2 W[d,4d] b[d] |
 //   router.fc3 W[C,d] b[C]
 // forward: logits = fc3(silu(fc2(silu(fc1(task(x)))))), task(x) = fc2(silu(fc1(x))); rows = KV heads.
+#include <cmath>
 #include <cstddef>
 #include <vector>
 
@@ -23,6 +24,14 @@ void mlp_fwd(const Real* P, int d, int C, const Real* x, int n, Real* logits, Ml
 template <class Real>
 void mlp_bwd(const Real* P, int d, int C, const Real* x, int n, const MlpActs<Real>& acts, const Real* dlogits,
              Real* dP, Real* dx);
+
+// The learned-static control's input (RouterInput::HeadIdentity): row h of x[n, d] = sqrt(d) * e_h, the norm of a
+// k_norm'ed key, so the MLP starts in the same range as under pooled keys. Needs n <= d (validate_router_spec).
+template <class Real>
+void head_identity_input(int n, int d, Real* x) {
+  for (size_t i = 0; i < static_cast<size_t>(n) * d; ++i) x[i] = Real(0);
+  for (int h = 0; h < n; ++h) x[static_cast<size_t>(h) * d + h] = Real(std::sqrt(double(d)));
+}
 
 // Straight-through gate. The FULL probability is soft = sigmoid((l1 - l0 + noise) / tau) for C = 2 (2-class
 // Gumbel-softmax: the difference of two Gumbel draws is logistic noise) and sigmoid((l0 + noise) / tau) for C = 1.

@@ -76,6 +76,7 @@ struct RouterStep<Real>::Impl {
     A.pooled.assign(static_cast<size_t>(Hkv) * hd, Real(0));
     for (int p : pool_pos)
       for (size_t j = 0; j < A.pooled.size(); ++j) A.pooled[j] += A.kn[static_cast<size_t>(p) * Hkv * hd + j] / nb;
+    if (spec.input == RouterInput::HeadIdentity) router::head_identity_input<Real>(Hkv, hd, A.pooled.data());
     A.logits.resize(static_cast<size_t>(Hkv) * C);
     router::mlp_fwd<Real>(P + layer_size * l, hd, C, A.pooled.data(), Hkv, A.logits.data(), &A.mlp);
     A.z.resize(Hkv);
@@ -281,8 +282,10 @@ void RouterStep<Real>::backward(Real lm_weight, Real omega_weight, Real* dparams
     std::vector<Real> dlogits(static_cast<size_t>(Hkv) * C), dpooled(static_cast<size_t>(Hkv) * hd, Real(0));
     for (int h = 0; h < Hkv; ++h)
       for (int j = 0; j < C; ++j) dlogits[h * C + j] = dz[h] * A.dsoft[h * C + j];
+    // Under the head-identity input the router reads no keys: nothing flows back into the backbone's activations.
+    const bool reads_keys = I.spec.input == RouterInput::Pooled;
     router::mlp_bwd<Real>(I.P + I.layer_size * l, hd, C, A.pooled.data(), Hkv, A.mlp, dlogits.data(),
-                          dparams + I.layer_size * l, dpooled.data());
+                          dparams + I.layer_size * l, reads_keys ? dpooled.data() : nullptr);
     const Real inv_nb = Real(1) / Real(I.pool_pos.size());
     for (int p : I.pool_pos)
       for (size_t j = 0; j < dpooled.size(); ++j) dkr[static_cast<size_t>(p) * Hkv * hd + j] += dpooled[j] * inv_nb;

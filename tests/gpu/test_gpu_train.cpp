@@ -55,6 +55,7 @@ RouterSpec spec_for(const Model& m, bool xattn, bool sigmoid) {
 
 struct Case {
   bool llama, xattn, sigmoid, hard;
+  bool head_identity = false;  // the learned-static control's fixed router input
 };
 
 class GpuTrainStep : public ::testing::TestWithParam<Case> {};
@@ -64,7 +65,8 @@ TEST_P(GpuTrainStep, MatchesCpuStep) {
   const Case k = GetParam();
   TRACED_SEED(seed);
   Model m = gpu_test::make_model(k.llama, seed);
-  const RouterSpec spec = spec_for(m, k.xattn, k.sigmoid);
+  RouterSpec spec = spec_for(m, k.xattn, k.sigmoid);
+  if (k.head_identity) spec.input = RouterInput::HeadIdentity;
   // Router weights scaled up so that its logits move with the pooled keys (an initial router's are near zero).
   Router r = Router::init(spec, seed);
   for (float& p : r.params) p *= 3.f;
@@ -115,11 +117,13 @@ TEST_P(GpuTrainStep, MatchesCpuStep) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, GpuTrainStep,
                          ::testing::Values(Case{false, false, false, true}, Case{false, false, false, false},
-                                           Case{true, true, true, true}, Case{true, false, false, false}),
+                                           Case{true, true, true, true}, Case{true, false, false, false},
+                                           Case{false, false, false, false, true}),
                          [](const auto& i) {
                            const Case& c = i.param;
                            return std::string(c.llama ? "Llama" : "Qwen3") + (c.xattn ? "XAttn" : "Ssa") +
-                                  (c.sigmoid ? "Sigmoid" : "Softmax") + (c.hard ? "Hard" : "Soft");
+                                  (c.sigmoid ? "Sigmoid" : "Softmax") + (c.hard ? "Hard" : "Soft") +
+                                  (c.head_identity ? "HeadIdentity" : "");
                          });
 
 // train_router on both devices: the same batches, gates and schedules, step by step.
