@@ -9,6 +9,7 @@
 #include "elastic/heatmap_svg.h"
 #include "elastic/model.h"
 #include "elastic/probe.h"
+#include "elastic/tasks.h"
 #include "scratch_dir.h"
 
 using namespace elastic;
@@ -115,6 +116,56 @@ TEST(Probe, BadOptionsThrow) {
   EXPECT_THROW(probe_retrieval_heads(m, nullptr, o), std::runtime_error);
   m.routing = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, HeadMode::Streaming);
   EXPECT_THROW(probe_retrieval_heads(m, nullptr, small_opts()), std::runtime_error);
+}
+
+// Task mode: the eval's own samples are the prompts and their evidence tokens the needle. Each head's score is the
+// mean over prompts of the last row's mass on those tokens, recomputed here from the model's attention directly.
+TEST(Probe, TaskModeScoresTheEvalSamplesEvidence) {
+  Model m = Model::load(fixture());
+  ProbeOptions o;
+  o.context = 120;
+  o.task = "niah_single_2";
+  o.prompts = 3;
+  o.seed = 5;
+  int calls = 0;
+  const HeadScores hs = probe_retrieval_heads(m, nullptr, o, [&](int done, int total) {
+    EXPECT_EQ(done, ++calls);
+    EXPECT_EQ(total, 3);
+  });
+  EXPECT_EQ(hs.prompts, 3);
+  const ModelConfig& c = m.config;
+  const int group = c.n_heads / c.n_kv_heads;
+  std::vector<double> want(static_cast<size_t>(c.n_layers) * c.n_kv_heads, 0.0);
+  TaskSpec ts;
+  ts.name = o.task;
+  ts.vocab = c.vocab;
+  const LastRowAttention att = cpu_last_row_attention(m);
+  for (int i = 0; i < 3; ++i) {
+    const TaskSample smp = make_sample(ts, nullptr, o.context, o.seed + i);
+    ASSERT_FALSE(smp.evidence.empty());
+    const int T = static_cast<int>(smp.prompt_ids.size());
+    const auto probs = att(smp.prompt_ids);
+    std::vector<char> in(T, 0);
+    for (auto [b, e] : smp.evidence)
+      for (int t = b; t < e; ++t) in[t] = 1;
+    for (int l = 0; l < c.n_layers; ++l)
+      for (int kh = 0; kh < c.n_kv_heads; ++kh)
+        for (int g = 0; g < group; ++g)
+          for (int t = 0; t < T; ++t)
+            if (in[t]) want[l * c.n_kv_heads + kh] += probs[l][(kh * group + g) * static_cast<size_t>(T) + t] / group / 3;
+  }
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(hs.score[i], want[i], 1e-9) << i;
+  // A task without evidence spans, or no prompts, is refused by name.
+  o.task = "continue_text";
+  try {
+    probe_retrieval_heads(m, nullptr, o);
+    ADD_FAILURE() << "continue_text probed";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("marks no evidence tokens"), std::string::npos) << e.what();
+  }
+  o.task = "niah_single_2";
+  o.prompts = 0;
+  EXPECT_THROW(probe_retrieval_heads(m, nullptr, o), std::runtime_error);
 }
 
 TEST(Probe, SaveLoadRoundTrip) {

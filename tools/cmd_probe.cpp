@@ -17,7 +17,8 @@ namespace fs = std::filesystem;
 namespace elastic::cli {
 
 void add_probe_command(CLI::App& app, Commands& cmds) {
-  struct Opts { std::string model, hay, out = "heads.json", svg, tok, device = "cpu"; ProbeOptions po; int threads = 0; };
+  struct Opts { std::string model, hay, out = "heads.json", svg, tok, device = "cpu"; ProbeOptions po; int threads = 0;
+                bool no_chat = false; };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("probe", "Measure retrieval scores per (layer, KV head) with needle-in-a-haystack prompts");
   add_model_option(sub, o->model);
@@ -28,6 +29,13 @@ void add_probe_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--depths", o->po.n_depths, "Needle depths")->check(in_range(1, 1000));
   sub->add_option("--needles", o->po.n_needles_per_depth, "Prompts per depth")->check(in_range(1, 1000));
   sub->add_option("--seed", o->po.seed, "Seed");
+  // Task mode: the eval's own prompts (its needle phrasing and chat template), scored on their evidence tokens.
+  sub->add_option("--task", o->po.task,
+                  "Probe with the eval's prompts of this needle task (e.g. niah_single_2) instead of the magic-number "
+                  "needle; --depths/--needles are then unused")
+      ->check(CLI::IsMember(ruler_task_names()));
+  sub->add_option("--prompts", o->po.prompts, "Task mode: number of prompts")->check(in_range(1, 100000));
+  sub->add_flag("--no-chat", o->no_chat, "Task mode: do not apply the model's chat template (eval applies it)");
   add_threads_option(sub, o->threads);
   sub->add_option("-o,--output", o->out, "Scores JSON");
   sub->add_option("--svg", o->svg, "Heat map SVG (default: output with .svg)");
@@ -42,6 +50,7 @@ void add_probe_command(CLI::App& app, Commands& cmds) {
     if (!t)
       std::fprintf(stderr, "probe: no tokenizer.json in %s: using random token ids for haystack and needle\n",
                    o->model.c_str());
+    if (!o->po.task.empty()) o->po.chat = model_chat_format(o->model, t != nullptr, o->no_chat, "probe");
     auto t0 = std::chrono::steady_clock::now();
     auto progress = [&](int done, int total) {
       double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -9,6 +9,7 @@
 
 #include "elastic/attention.h"
 #include "elastic/model.h"
+#include "elastic/tasks.h"
 #include "elastic/tokenizer.h"
 
 namespace elastic {
@@ -19,6 +20,13 @@ struct ProbeOptions {
   int n_depths = 10;          // needle depths d = i / (n_depths - 1); a single depth probes d = 0.5
   int n_needles_per_depth = 1;
   uint64_t seed = 0;
+  // Task mode (the probe the static baseline deserves): prompts are the eval's own samples of this task (one of
+  // ruler_task_names() with evidence spans, e.g. niah_single_2), wrapped by `chat` as eval wraps them, and the
+  // "needle" is the sample's evidence tokens. `prompts` of them, seeds seed + i; n_depths / n_needles_per_depth are
+  // unused (the generator places the needle). Empty = the classic magic-number needle at n_depths depths.
+  std::string task;
+  int prompts = 50;
+  ChatFormat chat;
 };
 
 struct HeadScores {

@@ -71,13 +71,61 @@ HeadScores probe_retrieval_heads(const ModelConfig& c, const Tokenizer* tok, con
     if (!f) throw std::runtime_error(o.haystack_file + ": cannot open haystack file");
   }
 
-  const int total = o.n_depths * o.n_needles_per_depth;
   const int group = Hq / Hkv;
   HeadScores out;
   out.n_layers = L;
   out.n_kv_heads = Hkv;
   out.score.assign(static_cast<size_t>(L) * Hkv, 0.0);
   out.prompts = 0;
+  // One prompt's contribution: per KV head, the last position's attention mass on the needle spans, averaged over the
+  // head's query heads.
+  auto score_prompt = [&](const std::vector<int32_t>& ids, const std::vector<std::pair<int, int>>& spans) {
+    const int T = static_cast<int>(ids.size());
+    const std::vector<std::vector<float>> probs = attention(ids);
+    if (static_cast<int>(probs.size()) != L) throw std::runtime_error("probe: model returned no attention probabilities");
+    for (int l = 0; l < L; ++l) {
+      const std::vector<float>& P = probs[l];
+      if (P.size() != static_cast<size_t>(Hq) * T) throw std::runtime_error("probe: attention probabilities have the wrong shape");
+      for (int kh = 0; kh < Hkv; ++kh) {
+        double s = 0;
+        for (int g = 0; g < group; ++g) {
+          const float* row = P.data() + static_cast<size_t>(kh * group + g) * T;
+          for (const auto& [n0, n1] : spans)
+            for (int t = n0; t < n1; ++t) s += row[t];
+        }
+        out.score[static_cast<size_t>(l) * Hkv + kh] += s / group;
+      }
+    }
+    ++out.prompts;
+  };
+
+  if (!o.task.empty()) {
+    if (o.prompts < 1) throw std::runtime_error("probe: prompts must be >= 1 (got " + std::to_string(o.prompts) + ")");
+    TaskSpec ts;
+    ts.name = o.task;
+    ts.haystack_file = o.haystack_file;
+    ts.chat = o.chat;
+    ts.vocab = V;
+    for (int i = 0; i < o.prompts; ++i) {
+      const TaskSample smp = make_sample(ts, tok, o.context, o.seed + static_cast<uint64_t>(i));
+      if (smp.evidence.empty())
+        throw std::runtime_error("probe: task '" + o.task + "' marks no evidence tokens to probe (use a needle task)");
+      // Overlapping spans (two needles sharing tokens) count once.
+      std::vector<std::pair<int, int>> spans = smp.evidence;
+      std::sort(spans.begin(), spans.end());
+      std::vector<std::pair<int, int>> merged;
+      for (const auto& sp : spans) {
+        if (!merged.empty() && sp.first <= merged.back().second) merged.back().second = std::max(merged.back().second, sp.second);
+        else merged.push_back(sp);
+      }
+      score_prompt(smp.prompt_ids, merged);
+      if (progress) progress(i + 1, o.prompts);
+    }
+    for (double& s : out.score) s = std::clamp(s / out.prompts, 0.0, 1.0);
+    return out;
+  }
+
+  const int total = o.n_depths * o.n_needles_per_depth;
 
   Rng rng(o.seed);
   std::vector<int32_t> question;
@@ -122,24 +170,7 @@ HeadScores probe_retrieval_heads(const ModelConfig& c, const Tokenizer* tok, con
       ids.insert(ids.end(), needle.begin(), needle.end());
       ids.insert(ids.end(), hay.begin() + pos, hay.end());
       ids.insert(ids.end(), question.begin(), question.end());
-      const int T = static_cast<int>(ids.size());
-
-      const std::vector<std::vector<float>> probs = attention(ids);
-      if (static_cast<int>(probs.size()) != L) throw std::runtime_error("probe: model returned no attention probabilities");
-      const int n0 = pos, n1 = pos + static_cast<int>(needle.size());
-      for (int l = 0; l < L; ++l) {
-        const std::vector<float>& P = probs[l];
-        if (P.size() != static_cast<size_t>(Hq) * T) throw std::runtime_error("probe: attention probabilities have the wrong shape");
-        for (int kh = 0; kh < Hkv; ++kh) {
-          double s = 0;
-          for (int g = 0; g < group; ++g) {
-            const float* row = P.data() + static_cast<size_t>(kh * group + g) * T;
-            for (int t = n0; t < n1; ++t) s += row[t];
-          }
-          out.score[static_cast<size_t>(l) * Hkv + kh] += s / group;
-        }
-      }
-      ++out.prompts;
+      score_prompt(ids, {{pos, pos + static_cast<int>(needle.size())}});
       ++done;
       if (progress) progress(done, total);
     }
