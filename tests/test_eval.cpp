@@ -128,6 +128,16 @@ TEST_F(EvalRun, EndToEndWritesTableJsonAndSvgs) {
     }
   }
   EXPECT_EQ(lines_of(dir + "/results.jsonl").size(), 24u);
+  // Each sample's KV figure is the routing's kept positions over the prompt (the engine's one KV rule): 1 for full,
+  // and for all-SSA what kept_kv_positions gives; it survives the round trip through results.jsonl.
+  for (const std::string& line : lines_of(dir + "/results.jsonl")) {
+    const SampleResult r = SampleResult::from_json(nlohmann::json::parse(line), "results.jsonl");
+    RoutingTable used = RoutingTable::uniform(2, 2, r.method == "full" ? HeadMode::Full : HeadMode::Streaming);
+    used.sparse = tiny_window();
+    const double want = double(kept_kv_positions(used, r.length)) / (4.0 * r.length);
+    EXPECT_NEAR(r.kv, want, 1e-12) << line;
+    if (r.method != "full") EXPECT_LT(r.kv, 1.0);
+  }
   write_report(s, dir);
   const std::string md = read_file(dir + "/results.md");
   EXPECT_NE(md.find("| task | length | full | ssa-tiny |"), std::string::npos);

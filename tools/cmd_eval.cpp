@@ -54,7 +54,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--samples", o->samples, "Samples per task and length")->check(in_range(1, 1000000));
   sub->add_option("--seed", o->seed, "Seed (prompts are the same for every method)");
   sub->add_option("--methods", o->methods,
-                  "Comma list of methods: full, ssa, xattn, static@<omega> (retrieval heads kept full), random@<omega>[:seed] (random heads, the control) (default: full,ssa,xattn,static@0.5,static@0.7,static@0.9)");
+                  "Comma list of methods: full, ssa, xattn, static@<omega> (retrieval heads kept full), random@<omega>[:seed] (random heads, the control), or none (only --router/--routing/--mode) (default: full,ssa,xattn,static@0.5,static@0.7,static@0.9)");
   sub->add_option("--routing", o->routing, "Extra method: a routing JSON file");
   sub->add_option("--mode", o->mode, "Extra method: every head in one mode")->check(CLI::IsMember(sparse_pattern_names()));
   sub->add_option("--router", o->router, "Extra methods: trained router file(s), comma list (FA-SSA / FA-XA variants)");
@@ -107,12 +107,18 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
     if (!o->router.empty())
       for (const std::string& path : split_list(o->router)) {
         auto r = std::make_shared<Router>(Router::load(path, m.config));
-        std::string name = "router-" + router_config_name(r->spec.dense_mode, r->spec.sparse_mode);
+        // A learned-static control (RouterInput::HeadIdentity) is marked "-static", so no table mistakes it for the
+        // input-adaptive method.
+        std::string name = "router-" + router_config_name(r->spec.dense_mode, r->spec.sparse_mode) +
+                           (r->spec.input == RouterInput::HeadIdentity ? "-static" : "");
         for (const Method& me : routers)
           if (me.name == name) name += ":" + fs::path(path).stem().string();
         routers.push_back(method_router(name, r));
       }
-    const std::vector<std::string> names = o->methods.empty() ? builtin_method_names() : split_list(o->methods);
+    // "none": only the --router / --routing / --mode methods (one process per router, as scripts/gpu_controls.sh runs).
+    const std::vector<std::string> names = o->methods.empty()    ? builtin_method_names()
+                                           : o->methods == "none" ? std::vector<std::string>{}
+                                                                  : split_list(o->methods);
     bool need_scores = false;
     HeadScores placeholder;  // validates every method name before the (slow) probe runs
     placeholder.n_layers = m.config.n_layers;

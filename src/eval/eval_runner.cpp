@@ -181,7 +181,8 @@ std::string SampleResult::key() const {
 json SampleResult::to_json() const {
   json j = {{"method", method},   {"task", task},     {"class", task_class}, {"metric", metric},
             {"length", length},   {"sample", sample}, {"score", score},      {"msr", msr},
-            {"esr", esr},         {"flops", flops},   {"wall_s", wall_s},    {"prefill_s", prefill_s},
+            {"esr", esr},         {"flops", flops},   {"kv", kv},            {"wall_s", wall_s},
+            {"prefill_s", prefill_s},
             {"decode_s", decode_s}, {"new_tokens", new_tokens}, {"modes", modes}, {"n_layers", n_layers},
             {"n_kv_heads", n_kv_heads}};
   if (metric == "likelihood") {
@@ -213,6 +214,8 @@ SampleResult SampleResult::from_json(const json& j, const std::string& where) {
     // null: not known for this sample (XAttention heads on a backend that does not count blocks).
     r.esr = need("esr").is_null() ? NAN : need("esr").get<double>();
     r.flops = need("flops").is_null() ? NAN : need("flops").get<double>();
+    // Rows written before the KV figure was recorded have none.
+    r.kv = j.contains("kv") && j["kv"].is_number() ? j["kv"].get<double>() : NAN;
     r.wall_s = need("wall_s").get<double>();
     r.prefill_s = j.value("prefill_s", 0.0);
     r.decode_s = j.value("decode_s", 0.0);
@@ -315,6 +318,7 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
   out.msr = used.msr();
   out.esr = st.esr();
   out.flops = st.flops_ratio();
+  out.kv = T > 0 ? static_cast<double>(kept_kv_positions(used, T)) / (static_cast<double>(T) * used.mode.size()) : 1.0;
   return out;
 }
 
