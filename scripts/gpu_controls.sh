@@ -14,7 +14,8 @@
 # on the synthetic grammar) and real C++ for code_continue (this repo's src/model), over the training tasks and held-out
 # ones. Results: .ctl/eval_*/results.jsonl, merged into $OUT/results.jsonl.gz with the training logs and the report.
 # Env: STEPS, BATCH, MAXLEN, LR, MLR, SEEDS ("1 2 3"), LENGTHS, SAMPLES, TASKS, RANDOM_DRAWS, PROBE_PROMPTS, BUDGET
-# (seconds this call may use, default 560; stages that do not fit are left for the next call).
+# (seconds this call may use, default 560; stages that do not fit are left for the next call), DEVICE (cuda; cpu for a
+# dry run of the script here with tiny settings, e.g. STEPS=2 MAXLEN=300 LENGTHS=256 SAMPLES=1 SEEDS=1 PROBE_PROMPTS=1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
@@ -41,6 +42,7 @@ TASKS=${TASKS:-niah_single_2,niah_multikey_1,qa_1,sum_recap,code_continue,niah_s
 RANDOM_DRAWS=${RANDOM_DRAWS:-5}
 PROBE_PROMPTS=${PROBE_PROMPTS:-50}
 BUDGET=${BUDGET:-560}
+DEVICE=${DEVICE:-cuda}
 SPARSE="--sink 64 --local 256 --block 64"
 X=.ctl
 HAY=.ctl_in/haystack.txt
@@ -49,7 +51,7 @@ left() { echo $(( BUDGET - SECONDS )); }
 log() { echo "[$(date +%T) +${SECONDS}s] $*"; }
 
 # 1. The router step on the GPU against the CPU, every variant (head-identity included).
-if [ ! -f $X/tests.ok ]; then
+if [ "$DEVICE" = cuda ] && [ ! -f $X/tests.ok ]; then
   $C/elastic_gpu_tests --gtest_filter='GpuTrainStep.*:GpuTrainRouter.*' 2>&1 | tail -n 4 | tee $X/tests.log
   grep -q PASSED $X/tests.log && touch $X/tests.ok
 fi
@@ -58,7 +60,7 @@ fi
 L0=${LENGTHS%%,*}
 if [ ! -s $X/heads_task.json ]; then
   log "probe --task niah_single_2 --prompts $PROBE_PROMPTS -c $L0"
-  $C/elastic probe -m "$M" --device cuda --task niah_single_2 --prompts "$PROBE_PROMPTS" -c "$L0" --haystack "$HAY" \
+  $C/elastic probe -m "$M" --device "$DEVICE" --task niah_single_2 --prompts "$PROBE_PROMPTS" -c "$L0" --haystack "$HAY" \
     --seed 7 -o $X/heads_task.json 2>&1 | tr '\r' '\n' | tail -n 2
 fi
 
@@ -69,7 +71,7 @@ for s in $SEEDS; do
     f=$X/${kind}_s$s.safetensors
     [ -s "$f" ] && continue
     input=pooled; [ $kind = static ] && input=head-identity
-    $C/elastic train-router -m "$M" --device cuda --steps "$STEPS" --batch "$BATCH" --max-len "$MAXLEN" \
+    $C/elastic train-router -m "$M" --device "$DEVICE" --steps "$STEPS" --batch "$BATCH" --max-len "$MAXLEN" \
       --builtin-samples 800 $SPARSE --lr "$LR" --multiplier-lr "$MLR" --seed "$s" --router-input $input \
       -o "$f.tmp" --log $X/train_${kind}_s$s.jsonl -t 2 > $X/train_${kind}_s$s.log 2>&1 &
     pids+=($!)
@@ -86,7 +88,7 @@ fi
 run_eval() {
   local dir=$1; shift
   sanitize "$dir"
-  timeout $(( $(left) - 20 )) $C/elastic eval -m "$M" --device cuda --tasks "$TASKS" --lengths "$LENGTHS" \
+  timeout $(( $(left) - 20 )) $C/elastic eval -m "$M" --device "$DEVICE" --tasks "$TASKS" --lengths "$LENGTHS" \
     --samples "$SAMPLES" --seed 3 $SPARSE --haystack "$HAY" --code-corpus src/model -t 2 -o "$dir" "$@" \
     > "$dir.log" 2>&1
   sanitize "$dir"
@@ -135,11 +137,12 @@ fi
 
 # 5. Phase 2 at the adaptive routers' mean Omega_MSR over phase 1's samples.
 if done_all "${dirs1[@]}"; then
-  OMEGA=$(cat $X/eval_adaptive_s*/results.jsonl | python3 -c '
+  # Measured once: a later call with more seeds keeps it, so the control folders never mix two Omegas.
+  [ -s $X/omega_matched.txt ] || cat $X/eval_adaptive_s*/results.jsonl | python3 -c '
 import json, sys
 v = [json.loads(l)["msr"] for l in sys.stdin if l.strip() and json.loads(l)["method"].startswith("router-")]
-print(f"{sum(v) / len(v):.3f}")')
-  echo "$OMEGA" > $X/omega_matched.txt
+print(f"{sum(v) / len(v):.3f}")' > $X/omega_matched.txt
+  OMEGA=$(cat $X/omega_matched.txt)
   log "matched Omega_MSR $OMEGA"
   cp docs/results/smollm2_gpu/heads_1024.json $X/heads_classic.json
   P2=("ssa|--methods ssa" "static_task|--methods static@$OMEGA --scores $X/heads_task.json"

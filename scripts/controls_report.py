@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""The method against its controls (issue 23): reads the merged results of scripts/gpu_controls.sh (one method per
+eval folder, the folder's tag as the method: full, ssa, adaptive_s<seed>, static_s<seed> (learned-static),
+random_<draw>, static_task / static_classic (retrieval heads from the task probe / the magic-number probe)) and writes
+report.md plus Pareto SVGs.
+
+Statistics. Every method ran the same prompts (same --seed: sample i of a (task, length) cell is one prompt), so
+differences are paired per prompt. A group with several members (seeds, random draws) is averaged per prompt first.
+Confidence intervals are 95% percentile intervals of a two-level bootstrap clustered by task: resample tasks with
+replacement, then prompts within each drawn task (tasks are few and differ a lot, so an interval over prompts alone
+would be too narrow). Accuracy tasks (string match, 0/100 per prompt) and likelihood tasks (100 * exp(mean log-prob)
+of the reference) are reported apart; every table says which split (tasks the router trained on, or held out) a
+number is from.
+Usage: controls_report.py RESULTS.jsonl[.gz] [--out DIR] [--boot 2000] [--seed 0]"""
+import argparse
+import collections
+import gzip
+import json
+import math
+import os
+import random
+
+TRAIN_TASKS = {"niah_single_2", "sum_recap", "niah_multikey_1", "continue_text", "qa_1", "code_continue"}  # tasks.h
+ROBUST = {"summarization", "continuation", "code"}  # target Omega 1.0 in training; the other classes 0.7
+GROUPS = [  # (group, member prefix, description)
+    ("full", "full", "all heads full"),
+    ("adaptive", "adaptive_s", "the method: input-adaptive router (pooled keys)"),
+    ("learned-static", "static_s", "same trainer, data and loss, one fixed input per head"),
+    ("random", "random_", "random heads at the adaptive routers' Omega"),
+    ("static-task-probe", "static_task", "retrieval heads, probe on the eval's niah_single_2 prompts"),
+    ("static-classic-probe", "static_classic", "retrieval heads, run 3's magic-number probe"),
+    ("ssa", "ssa", "all heads streaming"),
+]
+
+
+def load(path):
+    op = gzip.open if path.endswith(".gz") else open
+    with op(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def group_of(method):
+    for g, prefix, _ in GROUPS:
+        if method == prefix or (prefix.endswith(("_s", "_")) and method.startswith(prefix)):
+            return g
+    return None
+
+
+def kind_of(r):
+    return "likelihood" if r["metric"] == "likelihood" else "accuracy"
+
+
+def split_of(task):
+    return "train" if task in TRAIN_TASKS else "held-out"
+
+
+def mean(v):
+    return sum(v) / len(v) if v else float("nan")
+
+
+def boot_ci(per_task, reps, rng):
+    """per_task: task -> list of paired differences. Mean over all prompts, and its 95% two-level bootstrap CI."""
+    tasks = sorted(per_task)
+    if not tasks:
+        return float("nan"), float("nan"), float("nan")
+    point = mean([d for t in tasks for d in per_task[t]])
+    stats = []
+    for _ in range(reps):
+        vals = []
+        for t in (rng.choice(tasks) for _ in tasks):
+            xs = per_task[t]
+            vals.extend(rng.choice(xs) for _ in xs)
+        stats.append(mean(vals))
+    stats.sort()
+    return point, stats[int(0.025 * reps)], stats[int(0.975 * reps) - 1]
+
+
+def fmt_ci(p, lo, hi):
+    return "n/a" if math.isnan(p) else f"{p:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+
+
+def svg_scatter(path, title, xlabel, ylabel, points):
+    """points: (label, x, y, color). A plain SVG scatter with a legend."""
+    W, H, L, R, T, B = 640, 420, 60, 190, 40, 50
+    xs = [p[1] for p in points] + [0.0, 1.0]
+    ys = [p[2] for p in points]
+    y0, y1 = min(ys), max(ys)
+    pad = max(1.0, 0.08 * (y1 - y0))
+    y0, y1 = y0 - pad, y1 + pad
+    x0, x1 = min(xs), max(xs)
+    sx = lambda x: L + (x - x0) / (x1 - x0 or 1) * (W - L - R)
+    sy = lambda y: H - B - (y - y0) / (y1 - y0 or 1) * (H - T - B)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="13">{title}</text>',
+           f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/>',
+           f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>',
+           f'<text x="{(L + W - R) / 2}" y="{H - 12}" text-anchor="middle">{xlabel}</text>',
+           f'<text x="14" y="{(T + H - B) / 2}" text-anchor="middle" transform="rotate(-90 14 {(T + H - B) / 2})">{ylabel}</text>']
+    for i in range(6):
+        xv = x0 + (x1 - x0) * i / 5
+        yv = y0 + (y1 - y0) * i / 5
+        out.append(f'<text x="{sx(xv)}" y="{H - B + 14}" text-anchor="middle">{xv:.2f}</text>')
+        out.append(f'<text x="{L - 6}" y="{sy(yv) + 4}" text-anchor="end">{yv:.1f}</text>')
+    seen = {}
+    for label, x, y, color in points:
+        out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="{color}" fill-opacity="0.8"><title>{label}: '
+                   f'{x:.3f}, {y:.1f}</title></circle>')
+        seen.setdefault(label.split(" ")[0], color)
+    for i, (g, color) in enumerate(seen.items()):
+        yy = T + 10 + 16 * i
+        out.append(f'<circle cx="{W - R + 14}" cy="{yy}" r="4" fill="{color}"/>')
+        out.append(f'<text x="{W - R + 24}" y="{yy + 4}">{g}</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+COLORS = {"full": "#000000", "adaptive": "#d62728", "learned-static": "#1f77b4", "random": "#7f7f7f",
+          "static-task-probe": "#2ca02c", "static-classic-probe": "#98df8a", "ssa": "#9467bd"}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--boot", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    rng = random.Random(a.seed)
+    rows = load(a.results)
+    os.makedirs(a.out, exist_ok=True)
+    by_method = collections.defaultdict(dict)  # method -> key -> row
+    for r in rows:
+        by_method[r["method"]][(r["task"], r["length"], r["sample"])] = r
+    members = collections.defaultdict(list)
+    for m in sorted(by_method):
+        g = group_of(m)
+        if g:
+            members[g].append(m)
+    if "full" not in members:
+        raise SystemExit("no full-attention rows: nothing to pair against")
+    # A member that has not run most of full's prompts yet (an eval cut by the device call's limit) is left out and
+    # named, rather than shrinking every comparison to its few prompts.
+    dropped = []
+    for g in list(members):
+        keep = [m for m in members[g] if len(set(by_method[m]) & set(by_method["full"])) >= 0.9 * len(by_method["full"])]
+        dropped += [m for m in members[g] if m not in keep]
+        if keep:
+            members[g] = keep
+        else:
+            del members[g]
+    # Prompts every method has: every comparison is over the same prompts.
+    common = set(by_method["full"])
+    for ms in members.values():
+        for m in ms:
+            common &= set(by_method[m])
+    keys = sorted(common)
+    lengths = sorted({k[1] for k in keys})
+    tasks = sorted({k[0] for k in keys})
+    lines = ["# Elastic Attention against its controls at matched sparsity", "",
+             f"SmolLM2-135M-Instruct, {len(keys)} prompts per method (tasks: {', '.join(tasks)}; lengths: "
+             f"{', '.join(map(str, lengths))}); every method on the same prompts. Intervals: 95% two-level bootstrap "
+             f"clustered by task ({a.boot} draws). Groups with several members (seeds, draws) are averaged per prompt.",
+             "", "| group | members | what it is |", "|---|---|---|"]
+    if dropped:
+        lines.insert(3, f"Left out (under 90% of full's prompts done): {', '.join(dropped)}.")
+    for g, _, desc in GROUPS:
+        if g in members:
+            lines.append(f"| {g} | {', '.join(members[g])} | {desc} |")
+
+    def group_value(g, key, field="score"):
+        return mean([by_method[m][key][field] for m in members[g]])
+
+    # 1. Scores and sparsity per group, per split and kind.
+    cols = [(s, k) for s in ("train", "held-out") for k in ("accuracy", "likelihood")]
+    cols = [(s, k) for s, k in cols if any(split_of(key[0]) == s and kind_of(by_method["full"][key]) == k for key in keys)]
+    lines += ["", "## Scores (mean over prompts) and sparsity", "",
+              "| group | Omega_MSR | KV kept | attention FLOPs | " + " | ".join(f"{k}, {s} tasks" for s, k in cols) + " |",
+              "|---|---:|---:|---:|" + "---:|" * len(cols)]
+    for g, _, _ in GROUPS:
+        if g not in members:
+            continue
+        msr = mean([group_value(g, k, "msr") for k in keys])
+        kv = mean([group_value(g, k, "kv") for k in keys if all("kv" in by_method[m][k] for m in members[g])])
+        fl = mean([group_value(g, k, "flops") for k in keys])
+        vals = []
+        for s, kd in cols:
+            ks = [k for k in keys if split_of(k[0]) == s and kind_of(by_method["full"][k]) == kd]
+            vals.append(f"{mean([group_value(g, k) for k in ks]):.1f}")
+        lines.append(f"| {g} | {msr:.3f} | {kv:.3f} | {fl:.3f} | " + " | ".join(vals) + " |")
+
+    # 2. Paired differences against full and head to head against the adaptive router.
+    def paired(ga, gb, s, kd):
+        per_task = collections.defaultdict(list)
+        for k in keys:
+            if split_of(k[0]) == s and kind_of(by_method["full"][k]) == kd:
+                per_task[k[0]].append(group_value(ga, k) - group_value(gb, k))
+        return boot_ci(per_task, a.boot, rng)
+
+    lines += ["", "## Paired difference to full attention (points; mean [95% CI])", "",
+              "| group | " + " | ".join(f"{k}, {s}" for s, k in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for g, _, _ in GROUPS:
+        if g in members and g != "full":
+            lines.append(f"| {g} | " + " | ".join(fmt_ci(*paired(g, "full", s, kd)) for s, kd in cols) + " |")
+    if "adaptive" in members:
+        lines += ["", "## The adaptive router minus each control (points; mean [95% CI]; > 0: the router is better)", "",
+                  "| control | " + " | ".join(f"{k}, {s}" for s, k in cols) + " |", "|---|" + "---:|" * len(cols)]
+        for g, _, _ in GROUPS:
+            if g in members and g not in ("adaptive", "full"):
+                lines.append(f"| {g} | " + " | ".join(fmt_ci(*paired("adaptive", g, s, kd)) for s, kd in cols) + " |")
+
+    # 3. Spread over seeds and draws: each member's own difference to full, accuracy and likelihood pooled over splits.
+    lines += ["", "## Each member against full (points, all tasks of a kind pooled)", "",
+              "| group | member | Omega_MSR | accuracy | likelihood |", "|---|---|---:|---:|---:|"]
+    for g, _, _ in GROUPS:
+        if g not in members or g == "full":
+            continue
+        for m in members[g]:
+            d = {kd: mean([by_method[m][k]["score"] - by_method["full"][k]["score"] for k in keys
+                           if kind_of(by_method["full"][k]) == kd]) for kd in ("accuracy", "likelihood")}
+            lines.append(f"| {g} | {m} | {mean([by_method[m][k]['msr'] for k in keys]):.3f} | "
+                         f"{d['accuracy']:+.1f} | {d['likelihood']:+.1f} |")
+
+    # 4. Is the routing input-adaptive? Omega per task, its spread over prompts, distinct routings; class targets.
+    for g in ("adaptive", "learned-static"):
+        if g not in members:
+            continue
+        lines += ["", f"## Routing of the {g} routers per task (Omega_MSR mean, sd over prompts, distinct routings)", "",
+                  "| task | class | split | " + " | ".join(members[g]) + " |", "|---|---|---|" + "---:|" * len(members[g])]
+        for t in tasks:
+            ks = [k for k in keys if k[0] == t]
+            cells = []
+            for m in members[g]:
+                v = [by_method[m][k]["msr"] for k in ks]
+                sd = math.sqrt(mean([(x - mean(v)) ** 2 for x in v]))
+                distinct = len({by_method[m][k].get("modes", "") for k in ks})
+                cells.append(f"{mean(v):.3f} / {sd:.3f} / {distinct}")
+            lines.append(f"| {t} | {by_method['full'][ks[0]]['class']} | {split_of(t)} | " + " | ".join(cells) + " |")
+        sens = [group_value(g, k, "msr") for k in keys if by_method["full"][k]["class"] not in ROBUST]
+        rob = [group_value(g, k, "msr") for k in keys if by_method["full"][k]["class"] in ROBUST]
+        lines.append(f"\nClass targets ({g}): sensitive classes {mean(sens):.3f} (target 0.7), robust classes "
+                     f"{mean(rob):.3f} (target 1.0).")
+
+    # 5. Pareto plots: every member, score against attention FLOPs and against KV kept, per kind of task.
+    for kd in ("accuracy", "likelihood"):
+        ks = [k for k in keys if kind_of(by_method["full"][k]) == kd]
+        if not ks:
+            continue
+        for field, xlabel in (("flops", "attention FLOPs vs full"), ("kv", "KV memory vs full")):
+            pts = []
+            for g, _, _ in GROUPS:
+                for m in members.get(g, []):
+                    xs = [by_method[m][k].get(field) for k in ks]
+                    if any(x is None for x in xs):
+                        continue
+                    pts.append((f"{g} {m}", mean(xs), mean([by_method[m][k]["score"] for k in ks]), COLORS[g]))
+            if pts:
+                name = f"pareto_{kd}_{field}.svg"
+                svg_scatter(os.path.join(a.out, name), f"{kd} tasks: score vs {xlabel}", xlabel, "score", pts)
+                lines.append(f"\n![{kd} vs {field}]({name})")
+    with open(os.path.join(a.out, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
