@@ -154,8 +154,8 @@ print(f"{sum(v) / len(v):.3f}")' > $X/omega_matched.txt
   fi
 fi
 
-# What comes back: every finished sample (router rows named after their folder: adaptive_s1, static_s2, ...), the
-# logs and the report.
+# What comes back: every finished sample, its method named after its folder (adaptive_s1, static_s2, random_3,
+# static_task, ...; eval's own name kept as eval_method), the logs and the report.
 python3 - $X "$O/results.jsonl.gz" <<'EOF'
 import glob, gzip, json, os, sys
 with gzip.open(sys.argv[2], "wt") as out:
@@ -164,7 +164,7 @@ with gzip.open(sys.argv[2], "wt") as out:
         for l in open(d + "results.jsonl"):
             try: r = json.loads(l)
             except ValueError: continue
-            if r["method"].startswith("router-"): r["method"] = tag
+            r["eval_method"], r["method"] = r["method"], tag  # static@<omega> of two probes would collide
             out.write(json.dumps(r, sort_keys=True) + "\n")
 EOF
 tar czf "$O/train_logs.tgz" $X/train_*.jsonl $X/train_*.log $X/heads_task.json $X/omega_matched.txt $X/tests.log \
