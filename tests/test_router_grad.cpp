@@ -113,7 +113,7 @@ TEST(RouterGrad, AttentionEveryMode) {
     modes[1] = HeadMode::Full;  // mixed routing within the layer
     sp.xattn.stride = 4;
     auto xm = xattn_masks<double>(q.data(), k.data(), T, Hq, Hkv, hd, modes.data(), sp);  // fixed selection
-    BlockKeep keep{modes.data(), &sp, &xm, Hq / Hkv};
+    BlockKeep keep(modes.data(), Hkv, sp, &xm, Hq / Hkv);
     std::vector<double> out(q.size()), lse(Hq * T), dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
     attn_fwd<double>(q.data(), k.data(), v.data(), T, Hq, Hkv, hd, keep, out.data(), lse.data());
     attn_bwd<double>(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), T, Hq, Hkv, hd, keep,

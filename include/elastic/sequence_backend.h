@@ -22,7 +22,7 @@ class SequenceBackend {
   // Appends one token; writes its logits.
   virtual void decode(int32_t id, std::vector<float>& logits) = 0;
   // Appends one token; returns the greedy next id (the first largest logit, as Sampler's greedy). A backend may pick it
-  // where the logits are (the GPU: on the device, without copying them out).
+  // where the logits are (the GPU: on the device, without copying them out); the default decodes into a kept row.
   virtual int32_t decode_greedy(int32_t id);
   // Appends `ids` and writes the logits of each of their rows ([ids.size(), V]): a likelihood's reference. By
   // default one decode step per id; the CPU runs them as one prefill chunk (XAttention heads then select blocks for
@@ -43,6 +43,9 @@ class SequenceBackend {
     (void)prompt_only;
     return nullptr;
   }
+
+ protected:
+  std::vector<float> greedy_logits_;  // decode_greedy's default: one vocabulary row kept, not allocated per token
 };
 
 // The CPU model as a SequenceBackend, caches of `capacity` positions, prefill in chunks of `prefill_chunk`. A router

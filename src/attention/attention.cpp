@@ -177,7 +177,10 @@ void attention_forward(const AttentionArgs& a) {
         xmask[h] = pat.select(qh.data(), kh.data(), n_pos, hd, sp);
       }
 
-  auto keeps = [&](int h, int qb, int kb) { return block_kept(a.modes[h / group], &xmask[h], qb, kb, sp); };
+  // Each KV head's block rule, looked up in the pattern registry once per call rather than once per asked block.
+  std::vector<bool (*)(int, int, const SparseSettings&, const BlockMask*)> rule(a.n_kv_heads);
+  for (int kvh = 0; kvh < a.n_kv_heads; ++kvh) rule[kvh] = sparse_pattern(a.modes[kvh]).keeps;
+  auto keeps = [&](int h, int qb, int kb) { return rule[h / group](qb, kb, sp, &xmask[h]); };
 
   // Softmax weights of the final query position per query head (zero where a block is skipped), for probing.
   if (a.last_row_probs) std::fill(a.last_row_probs, a.last_row_probs + static_cast<size_t>(a.n_heads) * n_pos, 0.f);

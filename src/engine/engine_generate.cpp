@@ -8,9 +8,8 @@
 namespace elastic {
 
 int32_t SequenceBackend::decode_greedy(int32_t id) {
-  std::vector<float> logits;
-  decode(id, logits);
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  decode(id, greedy_logits_);
+  return static_cast<int32_t>(std::max_element(greedy_logits_.begin(), greedy_logits_.end()) - greedy_logits_.begin());
 }
 
 void SequenceBackend::extend(const std::vector<int32_t>& ids, std::vector<float>& all_logits) {

@@ -46,11 +46,6 @@ class CpuSequenceBackend : public SequenceBackend {
     m_->forward(&id, 1, cache_, logits, false, &counted_, nullptr, false, cache_.routing.n_layers ? nullptr : &table_);
   }
 
-  int32_t decode_greedy(int32_t id) override {  // into a kept buffer: no vocabulary-sized allocation a token
-    decode(id, step_logits_);
-    return static_cast<int32_t>(std::max_element(step_logits_.begin(), step_logits_.end()) - step_logits_.begin());
-  }
-
   void extend(const std::vector<int32_t>& ids, std::vector<float>& all_logits) override {
     if (cache_.n_layers == 0) throw std::logic_error("cpu_sequence_backend: extend before prefill");
     if (ids.empty()) {
@@ -84,7 +79,6 @@ class CpuSequenceBackend : public SequenceBackend {
   RoutingTable table_;  // the table of a table-routed sequence
   AttentionStats counted_;         // the sequence's attention work: every prefill, decode and extend row
   AttentionStats prompt_counted_;  // its prompt's prefill
-  std::vector<float> step_logits_;  // decode_greedy's
 };
 
 }  // namespace

@@ -5,17 +5,25 @@
 #include <vector>
 
 #include "elastic/attention.h"
+#include "elastic/sparse_pattern.h"
 
 namespace elastic::train {
 
-// Which blocks each query head computes: mode per KV head plus the XAttention selections per query head.
+// Which blocks each query head computes: each KV head's pattern rule, looked up in the registry once here (the
+// attention loops ask per (head, query block, key block)), plus the XAttention selections per query head.
 struct BlockKeep {
-  const HeadMode* modes = nullptr;             // [Hkv]
+  using Rule = bool (*)(int qb, int kb, const SparseSettings& s, const BlockMask* sel);
+  std::vector<Rule> rule;                         // [Hkv]
   const SparseSettings* sparse = nullptr;
   const std::vector<BlockMask>* xmask = nullptr;  // [Hq] when any head is XAttn
-  int group = 1;                                // Hq / Hkv
+  int group = 1;                                  // Hq / Hkv
+  BlockKeep(const HeadMode* modes, int n_kv_heads, const SparseSettings& s, const std::vector<BlockMask>* masks,
+            int hq_per_kv)
+      : sparse(&s), xmask(masks), group(hq_per_kv) {
+    for (int h = 0; h < n_kv_heads; ++h) rule.push_back(sparse_pattern(modes[h]).keeps);
+  }
   bool operator()(int h, int qb, int kb) const {
-    return block_kept(modes[h / group], xmask && !xmask->empty() ? &(*xmask)[h] : nullptr, qb, kb, *sparse);
+    return rule[h / group](qb, kb, *sparse, xmask && !xmask->empty() ? &(*xmask)[h] : nullptr);
   }
 };
 

@@ -105,8 +105,8 @@ struct RouterStep<Real>::Impl {
     if (spec.dense_mode == HeadMode::XAttn || spec.sparse_mode == HeadMode::XAttn)
       A.xmask = xattn_masks(A.qr.data(), A.kr.data(), T, Hq, Hkv, hd,
                             (spec.dense_mode == HeadMode::XAttn ? full : sparse).data(), spec.sparse);
-    const BlockKeep kf{full.data(), &spec.sparse, &A.xmask, group};
-    const BlockKeep ks{sparse.data(), &spec.sparse, &A.xmask, group};
+    const BlockKeep kf(full.data(), Hkv, spec.sparse, &A.xmask, group);
+    const BlockKeep ks(sparse.data(), Hkv, spec.sparse, &A.xmask, group);
     A.of.resize(nq);
     A.os.resize(nq);
     A.lf.resize(static_cast<size_t>(Hq) * T);
@@ -262,8 +262,8 @@ void RouterStep<Real>::backward(Real lm_weight, Real omega_weight, Real* dparams
     dqr.assign(nq, Real(0));
     dkr.assign(nk, Real(0));
     dv.assign(nk, Real(0));
-    const BlockKeep kf{full.data(), &I.spec.sparse, &A.xmask, group};
-    const BlockKeep ks{sparse.data(), &I.spec.sparse, &A.xmask, group};
+    const BlockKeep kf(full.data(), Hkv, I.spec.sparse, &A.xmask, group);
+    const BlockKeep ks(sparse.data(), Hkv, I.spec.sparse, &A.xmask, group);
     // A branch whose every weight is zero (hard routing) contributes nothing: skip its backward.
     bool any_full = false, any_sparse = false;
     for (Real zz : A.z) {

@@ -81,11 +81,7 @@ void run_bwd_case(const Case& c) {
   const bool any_x = std::count(c.modes.begin(), c.modes.end(), HeadMode::XAttn) > 0;
   std::vector<BlockMask> masks;
   if (any_x && c.xattn_lists) masks = train::xattn_masks<float>(qf.data(), kf.data(), T, c.Hq, c.Hkv, hd, c.modes.data(), sp);
-  train::BlockKeep keep;
-  keep.modes = c.modes.data();
-  keep.sparse = &sp;
-  keep.xmask = masks.empty() ? nullptr : &masks;
-  keep.group = group;
+  const train::BlockKeep keep(c.modes.data(), c.Hkv, sp, masks.empty() ? nullptr : &masks, group);
 
   // CPU forward (lse) and backward on the bf16-rounded forward output.
   std::vector<float> out(nq), lse(size_t(c.Hq) * T);
