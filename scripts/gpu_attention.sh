@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
 C=.gpucarry
 LENGTHS=${LENGTHS:-"8192 16384 32768 65536 131072"}
-[ -d .gpucarry/lib ] || tar -xzf .gpucarry/lib.tar.gz -C .gpucarry  # gpu_carry.sh packs the libraries
+[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
 export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$O/gpu_info.log"
 nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc -Xptxas -v -c src/cuda/attention_fwd.cu \

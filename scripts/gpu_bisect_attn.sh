@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
 C=.gpucarry
-[ -d .gpucarry/lib ] || tar -xzf .gpucarry/lib.tar.gz -C .gpucarry  # gpu_carry.sh packs the libraries
+[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
 export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 for combo in ${COMBOS:-overlap:0 wgmma:1}; do
   k=${combo%%:*} o=${combo##*:}

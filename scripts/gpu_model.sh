@@ -10,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
 C=.gpucarry
-[ -d .gpucarry/lib ] || tar -xzf .gpucarry/lib.tar.gz -C .gpucarry  # gpu_carry.sh packs the libraries
+[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
 export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 LENGTHS=${LENGTHS:-"8192,16384,32768"}
 MODES=${MODES:-"full,ssa,xattn,hybrid@0.5,hybrid@0.7,hybrid@0.9"}

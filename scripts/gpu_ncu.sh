@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 [ -n "${KERNEL:-}" ] || { echo "$0: set KERNEL to a regex of the kernel's mangled name" >&2; exit 2; }
 O=${OUT:-/tmp}
 C=.gpucarry
-[ -d .gpucarry/lib ] || tar -xzf .gpucarry/lib.tar.gz -C .gpucarry  # gpu_carry.sh packs the libraries
+[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
 export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 prog=$1; shift
 f="$O/ncu_${prog}_$(echo "$KERNEL" | tr -c 'A-Za-z0-9\n' '_').txt"

@@ -6,7 +6,7 @@
 set -u
 O=${OUT:-/tmp}
 C=.gpucarry
-[ -d .gpucarry/lib ] || tar -xzf .gpucarry/lib.tar.gz -C .gpucarry  # gpu_carry.sh packs the libraries
+[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
 export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$O/gpu_info.log"
 GTEST_FILTER='PagedDecodeCuda.*' timeout 120 $C/elastic_gpu_tests 2>&1 | tail -n 30 | tee "$O/paged_tests.log"

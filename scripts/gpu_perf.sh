@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
 C=.gpucarry
-[ -d .gpucarry/lib ] || tar -xzf .gpucarry/lib.tar.gz -C .gpucarry  # gpu_carry.sh packs the libraries
+[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
 export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 [ -n "${SKIP_DECODE:-}" ] || timeout 120 $C/bench_attention_gpu --decode ${DECODE_LENGTHS:-8192 16384 32768 65536 131072} | tee "$O/decode_kernel.md"
 [ -n "${SKIP_ATTN:-}" ] || timeout 240 $C/bench_attention_gpu ${ATTN_LENGTHS:-8192 32768 131072} | tee "$O/attention.md"
