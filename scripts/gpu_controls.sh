@@ -169,6 +169,10 @@ with gzip.open(sys.argv[2], "wt") as out:
 EOF
 tar czf "$O/train_logs.tgz" $X/train_*.jsonl $X/train_*.log $X/heads_task.json $X/omega_matched.txt $X/tests.log \
   $X/eval_*.log 2>/dev/null
-python3 scripts/controls_report.py "$O/results.jsonl.gz" --out "$O" 2>&1 | tail -n 80
+python3 scripts/controls_report.py "$O/results.jsonl.gz" --out $X/report 2>&1 | tail -n 80
+tar czf "$O/report.tgz" -C $X report
+# The first adaptive router comes back too (the device keeps nothing): the candidate to ship under routers/.
+s1=${SEEDS%% *}
+[ -s $X/adaptive_s$s1.safetensors ] && cp $X/adaptive_s$s1.safetensors "$O/router_adaptive_s$s1.safetensors"
 for f in $X/eval_*/results.jsonl; do echo "$f: $(grep -c . "$f")"; done
 ls -la "$O"
