@@ -114,6 +114,36 @@ TEST(EvalTasks, TokenizerModeExactLengthAndAnswersInEvidence) {
   }
 }
 
+// Held-out templates: the same seed gives the same facts (answers, reference length class) in other words. The
+// paraphrased prompt keeps the exact length and answers-in-evidence rules, shares neither its opening nor its closing
+// words with the training template (what the router pools), and never uses the training phrasing.
+TEST(EvalTasks, ParaphrasedTemplatesAskTheSameFactsInOtherWords) {
+  const Tokenizer& tok = qwen();
+  for (const std::string& name : {"niah_single_2", "niah_multikey_1", "niah_multivalue", "niah_multikey_2", "qa_1",
+                                  "qa_2", "sum_recap"}) {
+    SCOPED_TRACE(name);
+    TaskSpec plain = spec(name), para = spec(name);
+    para.paraphrase = true;
+    const TaskSample a = make_sample(plain, &tok, 1500, 21), b = make_sample(para, &tok, 1500, 21);
+    check_common(b, 1500, tok.vocab_size());
+    EXPECT_EQ(b.answers, a.answers);
+    EXPECT_EQ(b.task_class, a.task_class);
+    EXPECT_NE(b.input.substr(0, 60), a.input.substr(0, 60));
+    EXPECT_NE(b.input.substr(b.input.size() - 60), a.input.substr(a.input.size() - 60));
+    for (const char* train_words : {"special magic", "Answer the question based", "logged event", "Logged event"})
+      EXPECT_EQ(b.input.find(train_words), std::string::npos) << train_words;
+    for (auto [s0, e0] : b.evidence) {
+      const std::string ev = tok.decode(slice(b.prompt_ids, s0, e0));
+      if (name.rfind("niah_", 0) == 0) EXPECT_NE(ev.find("Keep in mind that"), std::string::npos) << ev;
+    }
+    for (const std::string& ans : b.answers) EXPECT_NE(b.input.find(ans), std::string::npos) << ans;
+  }
+  // Tasks without a template to vary are unchanged.
+  TaskSpec plain = spec("vt"), para = spec("vt");
+  para.paraphrase = true;
+  EXPECT_EQ(make_sample(para, &tok, 800, 3).prompt_ids, make_sample(plain, &tok, 800, 3).prompt_ids);
+}
+
 TEST(EvalTasks, NiahShapes) {
   const Tokenizer& tok = qwen();
   EXPECT_EQ(make_sample(spec("niah_single_1"), &tok, 600, 1).answers.size(), 1u);

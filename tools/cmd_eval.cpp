@@ -43,7 +43,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
     int samples = 50, threads = 0, chunk = kDefaultPrefillChunk;
     uint64_t seed = 0;
     SparseSettings sparse;
-    bool no_chat = false;
+    bool no_chat = false, paraphrase = false;
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("eval", "Long-context evaluation (RULER-style suite) over routing methods");
@@ -68,6 +68,8 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--device", o->device, "cpu, or cuda (samples run on the bf16 GPU backend; probing stays on the CPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_flag("--no-chat", o->no_chat, "Do not apply the model's chat template to prompts");
+  sub->add_flag("--paraphrase", o->paraphrase,
+                "Held-out templates: needle tasks, QA and sum_recap ask the same facts in other words");
   add_sparse_options(sub, o->sparse, " of the built-in methods");
   cmds.push_back({sub, [o] {
     resolve_model(o->model, "eval");
@@ -98,6 +100,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
     // Instruct models answer in their chat format: the user prompt goes through the model's template when it has a
     // known one (the answer prefix then opens the assistant turn).
     eo.chat = model_chat_format(o->model, t != nullptr, o->no_chat, "eval");
+    eo.paraphrase = o->paraphrase;
 
     // Tasks, lengths and folders are checked before any probing, so bad options fail at once.
     check_eval_options(m, t.get(), {method_uniform("full", HeadMode::Full)}, eo);

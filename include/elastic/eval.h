@@ -67,6 +67,7 @@ struct EvalOptions {
   ChatFormat chat;                 // chat-template hook (none by default)
   std::string out_dir;             // required
   std::string model_id;            // recorded in run.json; a resumed run must match it
+  bool paraphrase = false;         // held-out templates (TaskSpec::paraphrase); recorded in run.json and every row
   int prefill_chunk = kDefaultPrefillChunk;
   std::function<void(const EvalProgress&)> progress;  // empty = a progress line on stderr
   // Where samples run: null = the CPU model. Another backend's Omega_ESR and FLOPs figures are computed from the
@@ -83,6 +84,7 @@ struct SampleResult {
   double wall_s = 0, prefill_s = 0, decode_s = 0;
   int new_tokens = 0;
   double logprob = 0, greedy_acc = 0;  // likelihood tasks only
+  std::string templates;               // "paraphrase" for held-out templates (EvalOptions::paraphrase), else empty
   std::string prediction;              // text mode
   std::vector<int32_t> prediction_ids;
   std::string modes;                   // routing used: one char per (layer, KV head): F full, S streaming, X xattn

@@ -29,6 +29,11 @@ struct TaskSpec {
                               // generator of C-like code (deterministic on every machine)
   ChatFormat chat;            // text mode only
   int32_t vocab = 0;          // random-id mode: ids are drawn in [0, vocab); required when tok == nullptr
+  // Held-out templates: the needle tasks, QA and sum_recap ask the same facts in other words (instruction, needle or
+  // event sentence, question, answer prefix), so a router that learned the training phrasing, which sits in the
+  // boundary tokens it pools, is tested on wording it never saw. The answers and scoring are unchanged; the other
+  // tasks have no template to vary and ignore it.
+  bool paraphrase = false;
 };
 
 struct TaskSample {

@@ -71,13 +71,14 @@ TaskSpec spec_for(const EvalOptions& o, int32_t vocab, const std::string& task) 
   spec.code_corpus = o.code_corpus;
   spec.chat = o.chat;
   spec.vocab = vocab;
+  spec.paraphrase = o.paraphrase;
   return spec;
 }
 
 json run_config(const EvalOptions& o, const Tokenizer* tok) {
   return json{{"seed", o.seed},           {"haystack", o.haystack_file}, {"code_corpus", o.code_corpus},
               {"model", o.model_id},      {"tokenizer", tok != nullptr}, {"chat_template", static_cast<bool>(o.chat)},
-              {"device", o.backend ? o.backend->name() : std::string("cpu")}};
+              {"device", o.backend ? o.backend->name() : std::string("cpu")}, {"paraphrase", o.paraphrase}};
 }
 
 }  // namespace
@@ -185,6 +186,7 @@ json SampleResult::to_json() const {
             {"prefill_s", prefill_s},
             {"decode_s", decode_s}, {"new_tokens", new_tokens}, {"modes", modes}, {"n_layers", n_layers},
             {"n_kv_heads", n_kv_heads}};
+  if (!templates.empty()) j["templates"] = templates;
   if (metric == "likelihood") {
     j["logprob"] = logprob;
     j["greedy_acc"] = greedy_acc;
@@ -221,6 +223,7 @@ SampleResult SampleResult::from_json(const json& j, const std::string& where) {
     r.decode_s = j.value("decode_s", 0.0);
     r.new_tokens = j.value("new_tokens", 0);
     r.modes = j.value("modes", std::string());
+    r.templates = j.value("templates", std::string());
     r.n_layers = j.value("n_layers", 0);
     r.n_kv_heads = j.value("n_kv_heads", 0);
     r.logprob = j.value("logprob", 0.0);
@@ -422,8 +425,9 @@ EvalSummary run_eval(Model& m, const Tokenizer* tok, const std::vector<Method>& 
   if (fs::exists(cfg_path)) {
     const json old = read_json_file(cfg_path.string(), "eval run config");
     for (auto it = cfg.begin(); it != cfg.end(); ++it)
-      if (!old.contains(it.key()) && it.key() == "device" && it.value() == "cpu") {
-        continue;  // folders from before the GPU backend ran on the CPU
+      if (!old.contains(it.key()) && ((it.key() == "device" && it.value() == "cpu") ||
+                                      (it.key() == "paraphrase" && it.value() == false))) {
+        continue;  // folders from before the GPU backend (they ran on the CPU) or the paraphrased templates
       } else if (!old.contains(it.key()) || old[it.key()] != it.value())
         throw std::runtime_error(cfg_path.string() + ": this folder holds results of a run with another " + it.key() +
                                  " (" + (old.contains(it.key()) ? old[it.key()].dump() : "none") + ", now " +
@@ -480,6 +484,7 @@ EvalSummary run_eval(Model& m, const Tokenizer* tok, const std::vector<Method>& 
           r.method = me.name;
           r.sample = i;
           r.length = L;
+          if (o.paraphrase) r.templates = "paraphrase";
           // Predictions can end inside a multi-byte character: invalid UTF-8 is written as U+FFFD, not refused.
           out << r.to_json().dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
           errno = 0;

@@ -51,7 +51,9 @@ std::string fresh(SplitMix64& r, Kind k, std::set<std::string>& used) {
   }
 }
 
-std::string needle_text(const std::string& type_v, const std::string& key, const std::string& value) {
+std::string needle_text(const std::string& type_v, const std::string& key, const std::string& value,
+                        bool paraphrase = false) {
+  if (paraphrase) return " Keep in mind that " + value + " is among the hidden " + type_v + " tied to " + key + ".";
   return " One of the special magic " + type_v + " for " + key + " is: " + value + ".";
 }
 
@@ -91,16 +93,22 @@ TaskSample make_niah(const TaskSpec& spec, const Enc& enc, int target, uint64_t 
       if (keys[i] == q) answers.push_back(values[i]);
   int needle_tokens = 0;
   for (size_t i : order) {
-    needles.push_back(enc.ids(needle_text(tv, keys[i], values[i])));
+    needles.push_back(enc.ids(needle_text(tv, keys[i], values[i], spec.paraphrase)));
     needle_tokens += static_cast<int>(needles.back().size());
   }
 
-  const std::string head = "Some special magic " + tv +
-                           " are hidden within the following text. Make sure to memorize them. I will quiz you about "
-                           "the " + tv + " afterwards.\n";
   const std::string qs = join_and(queries);
-  const std::string tail = "\nWhat are all the special magic " + tv + " for " + qs + " mentioned in the provided text?";
-  const std::string prefix = " The special magic " + tv + " for " + qs + " mentioned in the provided text are";
+  const bool para = spec.paraphrase;
+  const std::string head = para ? "The passage below hides a few " + tv + ", each tied to a name. Note them as you "
+                                  "read; afterwards you will be asked to recall them.\n"
+                                : "Some special magic " + tv +
+                                      " are hidden within the following text. Make sure to memorize them. I will quiz "
+                                      "you about the " + tv + " afterwards.\n";
+  const std::string tail = para ? "\nRecall the passage: which hidden " + tv + " were tied to " + qs + "? List every one."
+                                : "\nWhat are all the special magic " + tv + " for " + qs +
+                                      " mentioned in the provided text?";
+  const std::string prefix = para ? " The hidden " + tv + " tied to " + qs + " are"
+                                  : " The special magic " + tv + " for " + qs + " mentioned in the provided text are";
   const Frame f = make_frame(spec, enc, target, head, tail, prefix, needle_tokens + 8);
 
   Context c;
@@ -109,7 +117,8 @@ TaskSample make_niah(const TaskSpec& spec, const Enc& enc, int target, uint64_t 
     std::vector<std::vector<int32_t>> items;
     int total = needle_tokens;
     for (;;) {
-      std::vector<int32_t> d = enc.ids(needle_text(tv, fresh(r, cfg.key, used), fresh(r, cfg.value, used)));
+      std::vector<int32_t> d =
+          enc.ids(needle_text(tv, fresh(r, cfg.key, used), fresh(r, cfg.value, used), spec.paraphrase));
       if (total + static_cast<int>(d.size()) > f.budget) break;
       total += static_cast<int>(d.size());
       items.push_back(std::move(d));

@@ -75,14 +75,19 @@ TaskSample make_qa(const TaskSpec& spec, const Enc& enc, int target, uint64_t se
   const Landmark gold = new_landmark(w, designer.name);
   std::vector<std::string> gold_docs = {landmark_doc(gold)};
   if (two_hop) gold_docs.push_back(person_doc(designer));
-  const std::string question = two_hop ? "In which city was the designer of the " + gold.name + " born?"
-                                       : "In which town is the " + gold.name + "?";
+  const bool para = spec.paraphrase;
+  const std::string question =
+      two_hop ? (para ? "The architect who designed the " + gold.name + " was born in what city?"
+                      : "In which city was the designer of the " + gold.name + " born?")
+              : (para ? "The " + gold.name + " stands in what town?" : "In which town is the " + gold.name + "?");
   const std::string answer = two_hop ? designer.city : gold.town;
-  const std::string instr = "Answer the question based on the given documents. Only give me the answer and do not "
-                            "output any other words.";
-  const std::string head = instr + "\n\nThe following are given documents.\n\n";
-  const std::string tail = "\n\n" + instr + "\n\nQuestion: " + question;
-  const Frame f = make_frame(spec, enc, target, head, tail, " Answer:", 1);
+  const std::string instr = para ? "Use the documents below to reply to the question. Reply with the answer alone, "
+                                   "no other words."
+                                 : "Answer the question based on the given documents. Only give me the answer and do "
+                                   "not output any other words.";
+  const std::string head = instr + (para ? "\n\nDocuments:\n\n" : "\n\nThe following are given documents.\n\n");
+  const std::string tail = "\n\n" + instr + (para ? "\n\nQ: " : "\n\nQuestion: ") + question;
+  const Frame f = make_frame(spec, enc, target, head, tail, para ? " A:" : " Answer:", 1);
 
   // Documents: gold ones and distractors (other landmarks and architects), numbered in prompt order.
   auto doc_ids = [&](int index, const std::string& body) {

@@ -155,9 +155,12 @@ TaskSample sum_recap(const TaskSpec& spec, const Enc& enc, int target, uint64_t 
   SplitMix64 r(seed);
   static const std::vector<std::string> acts = {"opened a new", "closed the old", "repaired the", "sold the",
                                                 "painted the", "rebuilt the", "moved the", "lost the"};
-  const std::string head = "Read the following text. Some sentences in it are logged events; remember them.\n";
-  const std::string tail = "\nSummarize the logged events of the text above, in the order they appear.";
-  const std::string prefix = " Summary:";
+  const bool para = spec.paraphrase;
+  const std::string head = para ? "A text follows. A few of its sentences record events; keep track of them.\n"
+                                : "Read the following text. Some sentences in it are logged events; remember them.\n";
+  const std::string tail = para ? "\nGive a short account of the recorded events above, first to last."
+                                : "\nSummarize the logged events of the text above, in the order they appear.";
+  const std::string prefix = para ? " Account:" : " Summary:";
   std::vector<std::string> events;
   std::set<std::string> used;
   for (int i = 0; i < 5; ++i) {
@@ -169,7 +172,7 @@ TaskSample sum_recap(const TaskSpec& spec, const Enc& enc, int target, uint64_t 
   std::vector<std::vector<int32_t>> needles;
   int needle_tokens = 0;
   for (const std::string& e : events) {
-    needles.push_back(enc.ids(" Logged event: " + capitalized(e) + "."));
+    needles.push_back(enc.ids((para ? " Recorded: " : " Logged event: ") + capitalized(e) + "."));
     needle_tokens += static_cast<int>(needles.back().size());
   }
   const Frame f = make_frame(spec, enc, target, head, tail, prefix, needle_tokens + 8);
@@ -177,7 +180,7 @@ TaskSample sum_recap(const TaskSpec& spec, const Enc& enc, int target, uint64_t 
   std::vector<double> depths;
   for (size_t i = 0; i < needles.size(); ++i) depths.push_back(r.uniform());
   Context c = insert_needles(hay, needles, depths, enc);
-  std::string ref = " The logged events, in order:";
+  std::string ref = para ? " The recorded events, first to last:" : " The logged events, in order:";
   for (size_t i = 0; i < events.size(); ++i) ref += std::string(i ? ";" : "") + " " + events[i];
   ref += ".";
   TaskSample s;
