@@ -9,7 +9,8 @@
 #      ones (the same trainer, data, loss and seed with a fixed input per head: --router-input head-identity);
 #   4. eval, phase 1: full and every router, one process per method (the GPU is far from busy with a 135M model);
 #   5. phase 2, at the adaptive routers' measured mean Omega_MSR: random heads (RANDOM_DRAWS draws), static retrieval
-#      heads from the task probe and from the classic magic-number probe of run 3 (docs/results), all-SSA.
+#      heads from the task probe and from the classic magic-number probe of run 3 (docs/results), all-SSA;
+#   6. if time is left, the held-out templates (eval --paraphrase) for full, the first seed's routers and one draw.
 # Eval prompts use a real-text haystack (Debian's licence texts, carried as .ctl_in/haystack.txt: the router trained
 # on the synthetic grammar) and real C++ for code_continue (this repo's src/model), over the training tasks and held-out
 # ones. Results: .ctl/eval_*/results.jsonl, merged into $OUT/results.jsonl.gz with the training logs and the report.
@@ -152,6 +153,19 @@ print(f"{sum(v) / len(v):.3f}")' > $X/omega_matched.txt
   if ! done_all "${dirs2[@]}" && [ "$(left)" -gt 90 ]; then
     log "eval phase 2: ${#P2[@]} processes"; phase "${P2[@]}"; log "phase 2 ended"
   fi
+fi
+
+# 6. Held-out templates (eval --paraphrase), if time is left: full, the seed-1 routers and one random draw at the
+# same Omega, on the same tasks asked in other words. Folders eval_para_*; their rows carry templates=paraphrase.
+if [ -s $X/omega_matched.txt ] && [ "$(left)" -gt 150 ]; then
+  OMEGA=$(cat $X/omega_matched.txt)
+  s1=${SEEDS%% *}
+  log "eval phase 3 (paraphrased templates)"
+  phase "para_full|--paraphrase --methods full" \
+        "para_adaptive_s$s1|--paraphrase --methods none --router $X/adaptive_s$s1.safetensors" \
+        "para_static_s$s1|--paraphrase --methods none --router $X/static_s$s1.safetensors" \
+        "para_random_1|--paraphrase --methods random@$OMEGA:1"
+  log "phase 3 ended"
 fi
 
 # What comes back: every finished sample, its method named after its folder (adaptive_s1, static_s2, random_3,
