@@ -120,16 +120,7 @@ COLORS = {"full": "#000000", "adaptive": "#d62728", "learned-static": "#1f77b4",
           "static-task-probe": "#2ca02c", "static-classic-probe": "#98df8a", "ssa": "#9467bd"}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("results")
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--boot", type=int, default=2000)
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args()
-    rng = random.Random(a.seed)
-    rows = load(a.results)
-    os.makedirs(a.out, exist_ok=True)
+def analyze(rows, a, rng, prefix, title):
     by_method = collections.defaultdict(dict)  # method -> key -> row
     for r in rows:
         by_method[r["method"]][(r["task"], r["length"], r["sample"])] = r
@@ -139,7 +130,7 @@ def main():
         if g:
             members[g].append(m)
     if "full" not in members:
-        raise SystemExit("no full-attention rows: nothing to pair against")
+        return [title, "", "No full-attention rows: nothing to pair against."]
     # A member that has not run most of full's prompts yet (an eval cut by the device call's limit) is left out and
     # named, rather than shrinking every comparison to its few prompts.
     dropped = []
@@ -158,7 +149,7 @@ def main():
     keys = sorted(common)
     lengths = sorted({k[1] for k in keys})
     tasks = sorted({k[0] for k in keys})
-    lines = ["# Elastic Attention against its controls at matched sparsity", "",
+    lines = [title, "",
              f"SmolLM2-135M-Instruct, {len(keys)} prompts per method (tasks: {', '.join(tasks)}; lengths: "
              f"{', '.join(map(str, lengths))}); every method on the same prompts. Intervals: 95% two-level bootstrap "
              f"clustered by task ({a.boot} draws). Groups with several members (seeds, draws) are averaged per prompt.",
@@ -256,9 +247,27 @@ def main():
                         continue
                     pts.append((f"{g} {m}", mean(xs), mean([by_method[m][k]["score"] for k in ks]), COLORS[g]))
             if pts:
-                name = f"pareto_{kd}_{field}.svg"
+                name = f"{prefix}pareto_{kd}_{field}.svg"
                 svg_scatter(os.path.join(a.out, name), f"{kd} tasks: score vs {xlabel}", xlabel, "score", pts)
                 lines.append(f"\n![{kd} vs {field}]({name})")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--boot", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    rng = random.Random(a.seed)
+    rows = load(a.results)
+    os.makedirs(a.out, exist_ok=True)
+    plain = [r for r in rows if not r.get("templates") and not r["method"].startswith("para_")]
+    para = [dict(r, method=r["method"][len("para_"):]) for r in rows if r["method"].startswith("para_")]
+    lines = analyze(plain, a, rng, "", "# Elastic Attention against its controls at matched sparsity")
+    if para:
+        lines += [""] + analyze(para, a, rng, "para_", "# The same on held-out templates (eval --paraphrase)")
     with open(os.path.join(a.out, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
