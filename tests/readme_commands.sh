@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every command of README.md's sh blocks, so the README cannot drift from the CLI. Each command runs as written
 # except for shorter settings (fewer steps, tokens and samples: the point is that it works, not its result), in a
-# scratch folder that links the repository's build/, models/, tests/ and ../shared/. Skipped, and listed: the set-up
+# scratch folder that links the repository's build/, models/, tests/, routers/ and ../shared/. Skipped, and listed: the set-up
 # and test scripts themselves (CI runs them), commands for a folder the reader supplies (/path/to), and --device cuda
 # commands on a machine without a GPU. `serve` starts in the background for the curl that follows it.
 # Usage: readme_commands.sh SOURCE_DIR ELASTIC_BIN
@@ -13,6 +13,7 @@ mkdir -p "$TMP/work/build"
 ln -s "$BIN" "$TMP/work/build/elastic"
 ln -s "$SRC/models" "$TMP/work/models"
 ln -s "$SRC/tests" "$TMP/work/tests"
+ln -s "$SRC/routers" "$TMP/work/routers"
 ln -s "$(realpath "$SRC/../shared")" "$TMP/shared"
 printf 'x,a,b\n1,2,3\n2,4,5\n4,8,7\n' > "$TMP/work/results.csv"  # the plot example's "any CSV"
 cd "$TMP/work"
