@@ -116,6 +116,26 @@ def svg_scatter(path, title, xlabel, ylabel, points):
         f.write("\n".join(out) + "\n")
 
 
+def svg_headmap(path, title, share, L, H):
+    """share[l * H + h] in [0, 1]: a layer x KV head grid, white (never full) to dark red (always full)."""
+    cw, ch, left, top = 40, 14, 50, 36
+    W, Hh = left + H * cw + 20, top + L * ch + 20
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{Hh}" font-family="sans-serif" font-size="10">',
+           f'<rect width="{W}" height="{Hh}" fill="white"/>', f'<text x="4" y="14" font-size="11">{title}</text>']
+    for h in range(H):
+        out.append(f'<text x="{left + h * cw + cw / 2}" y="{top - 4}" text-anchor="middle">h{h}</text>')
+    for l in range(L):
+        out.append(f'<text x="{left - 4}" y="{top + l * ch + 10}" text-anchor="end">L{l}</text>')
+        for h in range(H):
+            v = share[l * H + h]
+            g = int(255 * (1 - v))
+            out.append(f'<rect x="{left + h * cw}" y="{top + l * ch}" width="{cw - 1}" height="{ch - 1}" '
+                       f'fill="rgb(255,{g},{g})" stroke="#ccc"><title>L{l} h{h}: {v:.2f}</title></rect>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
 COLORS = {"full": "#000000", "adaptive": "#d62728", "learned-static": "#1f77b4", "random": "#7f7f7f",
           "static-task-probe": "#2ca02c", "static-classic-probe": "#98df8a", "ssa": "#9467bd"}
 
@@ -233,7 +253,26 @@ def analyze(rows, a, rng, prefix, title):
         lines.append(f"\nClass targets ({g}): sensitive classes {mean(sens):.3f} (target 0.7), robust classes "
                      f"{mean(rob):.3f} (target 1.0).")
 
-    # 5. Pareto plots: every member, score against attention FLOPs and against KV kept, per kind of task.
+    # 5. Which heads: per task, the share of prompts that keep each (layer, KV head) full, for every adaptive member;
+    # the heads every prompt keeps full; and a head map per task (SVG).
+    for m in members.get("adaptive", []):
+        first = by_method[m][keys[0]]
+        L, H = first.get("n_layers", 0), first.get("n_kv_heads", 0)
+        if not L or not H:
+            continue
+        always = [i for i in range(L * H) if all(by_method[m][k]["modes"][i] == "F" for k in keys)]
+        ever = [i for i in range(L * H) if any(by_method[m][k]["modes"][i] == "F" for k in keys)]
+        lines += ["", f"Heads {m} keeps full on every prompt ({len(always)} of {L * H}): " +
+                  ", ".join(f"L{i // H}.{i % H}" for i in always) +
+                  f"; full on some prompts only: {len(ever) - len(always)}."]
+        for t in tasks:
+            ks = [k for k in keys if k[0] == t]
+            share = [mean([1.0 if by_method[m][k]["modes"][i] == "F" else 0.0 for k in ks]) for i in range(L * H)]
+            name = f"{prefix}headmap_{m}_{t}.svg"
+            svg_headmap(os.path.join(a.out, name), f"{m}, {t}: share of prompts keeping each head full", share, L, H)
+        lines.append(f"Head maps per task: {prefix}headmap_{m}_<task>.svg")
+
+    # 6. Pareto plots: every member, score against attention FLOPs and against KV kept, per kind of task.
     for kd in ("accuracy", "likelihood"):
         ks = [k for k in keys if kind_of(by_method["full"][k]) == kd]
         if not ks:
