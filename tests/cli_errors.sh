@@ -132,6 +132,9 @@ expect_fail "marks no evidence tokens" $BIN probe -m $FX/qwen3_tiny -c 100 --tas
 $BIN probe -m $FX/qwen3_tiny -c 100 --task niah_single_2 --prompts 2 -o $TMP/th.json >/dev/null 2>&1 && grep -q '"prompts": 2' $TMP/th.json || { echo "FAIL: probe --task"; fails=$((fails+1)); }
 expect_fail "random@<omega>" $BIN eval -m $FX/qwen3_tiny --methods random@1.5 --tasks niah_single_2 --lengths 120 --samples 1 -o $TMP/ev_bad
 expect_fail "head-identity" $BIN train-router -m $FX/qwen3_tiny --router-input constant
+expect_fail "--router" $BIN route features -m $FX/qwen3_tiny
+expect_fail "--samples" $BIN route features -m $FX/qwen3_tiny --router x.safetensors --samples 1
+expect_fail "x.safetensors" $BIN route features -m $FX/qwen3_tiny --router x.safetensors
 expect_fail "--needles" $BIN probe -m $FX/qwen3_tiny --needles 100000
 expect_fail "--ctx-size" $BIN probe -m $FX/qwen3_tiny -c 99999999999
 expect_fail "--sparsity: 'nan' is not a finite number" $BIN route static --scores $TMP/heads.json --sparsity nan

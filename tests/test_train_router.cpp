@@ -16,6 +16,7 @@
 
 #include "elastic/generate.h"
 #include "elastic/router.h"
+#include "elastic/router_features.h"
 #include "elastic/train.h"
 #include "st_writer.h"
 #include "train/grad_ops.h"
@@ -590,4 +591,36 @@ TEST(TrainRouterDataParallel, RanksEqualOneRankWithTheSameGlobalBatch) {
       EXPECT_EQ(out[r].params, out[0].params) << "every rank holds the same router";
     }
   }
+}
+
+// The representation analysis: the recorder sees exactly the router's input; two copies of a prompt have cosine 1
+// before and after the task MLP, so a set where each task's prompts are copies separates perfectly (within = 1); the
+// model's own router is put back; too few prompts are refused.
+TEST(RouterFeatures, SeparationOfCopiesAndDistinctTasks) {
+  Model m = Model::load(fixture());
+  const Router r = Router::init(spec_for(m), 4);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> tasks;
+  std::mt19937_64 rng(8);
+  for (const char* t : {"a", "b", "c"}) {
+    std::vector<int32_t> p(80);
+    for (auto& x : p) x = static_cast<int32_t>(rng() % m.config.vocab);
+    for (int copy = 0; copy < 2; ++copy) prompts.push_back(p), tasks.push_back(t);
+  }
+  auto own = std::make_shared<Router>(Router::init(spec_for(m), 5));
+  m.router = own;
+  const FeatureSeparation s = router_feature_separation(m, r, prompts, tasks, 32);
+  EXPECT_EQ(m.router, own);
+  ASSERT_EQ(s.n_layers, m.config.n_layers);
+  EXPECT_EQ(s.prompts, 6);
+  for (int l = 0; l < s.n_layers; ++l) {
+    EXPECT_NEAR(s.within_before[l], 1.0, 1e-9);
+    EXPECT_NEAR(s.within_after[l], 1.0, 1e-9);
+    EXPECT_LT(s.between_before[l], 1.0 - 1e-6);  // distinct random prompts pool to different keys
+    EXPECT_GE(s.between_before[l], -1.0);
+    EXPECT_LT(s.between_after[l], 1.0 - 1e-6);
+  }
+  EXPECT_NE(feature_separation_table(s).find("| 0 | 1.0000 |"), std::string::npos);
+  EXPECT_THROW(router_feature_separation(m, r, {prompts[0], prompts[1]}, {"a", "a"}, 32), std::invalid_argument);
+  EXPECT_THROW(router_feature_separation(m, r, prompts, {"a"}, 32), std::invalid_argument);
 }

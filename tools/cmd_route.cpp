@@ -1,10 +1,18 @@
 // elastic route static: the DuoAttention-style baseline routing from probe scores.
+// elastic route features: how well a trained router's input and task MLP separate tasks, per layer.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 
 #include "cli_common.h"
+#include "elastic/eval.h"
+#include "elastic/plot_svg.h"
 #include "elastic/probe.h"
+#include "elastic/router_features.h"
+#include "elastic/tasks.h"
+#include "elastic/tokenizer.h"
+#include "elastic/output_file.h"
 
 namespace elastic::cli {
 
@@ -29,6 +37,81 @@ void add_route_command(CLI::App& app, Commands& cmds) {
     std::fprintf(stderr, "wrote %s: %d of %d KV heads full, Omega_MSR %.3f\n", o->out.c_str(),
                  static_cast<int>(std::count(r.mode.begin(), r.mode.end(), HeadMode::Full)),
                  static_cast<int>(r.mode.size()), r.msr());
+  }});
+
+  struct FOpts {
+    std::string model, router, tok, hay, code, out = "features.md";
+    std::vector<std::string> tasks = {"niah_single_2", "niah_multikey_1", "qa_1", "sum_recap", "code_continue"};
+    std::string length = "1024";
+    int samples = 10, threads = 0;
+    uint64_t seed = 3;
+    bool no_chat = false;
+  };
+  auto f = std::make_shared<FOpts>();
+  auto* fe = rt->add_subcommand("features", "Task separation of a router's input and task MLP, per layer (cosines)");
+  add_model_option(fe, f->model);
+  fe->add_option("--router", f->router, "Trained router file")->required();
+  fe->add_option("--tasks", f->tasks, "Comma list of tasks (each a group)")->delimiter(',');
+  fe->add_option("--length", f->length, "Prompt tokens, k = 1024")->check(CLI::TypeValidator<std::string>());
+  fe->add_option("--samples", f->samples, "Prompts per task")->check(in_range(2, 100000));
+  fe->add_option("--seed", f->seed, "Seed of the prompts");
+  fe->add_option("--haystack", f->hay, "Haystack text file");
+  fe->add_option("--code-corpus", f->code, "Source file or folder for code_continue");
+  fe->add_option("--tokenizer", f->tok, "tokenizer.json (default: the model folder's)");
+  fe->add_flag("--no-chat", f->no_chat, "Do not apply the model's chat template");
+  add_threads_option(fe, f->threads);
+  fe->add_option("-o,--output", f->out, "Markdown table (and <output without .md>.svg, the gap per layer)");
+  cmds.push_back({fe, [f] {
+    resolve_model(f->model, "route features");
+    set_threads(f->threads);
+    Model m = Model::load(f->model);
+    const Router r = Router::load(f->router, m.config);
+    std::unique_ptr<Tokenizer> t = load_model_tokenizer(f->model, f->tok);
+    const std::vector<int> lengths = parse_lengths(f->length);
+    if (lengths.size() != 1) throw std::runtime_error("route features: --length takes one length");
+    TaskSpec ts;
+    ts.haystack_file = f->hay;
+    ts.code_corpus = f->code;
+    ts.chat = model_chat_format(f->model, t != nullptr, f->no_chat, "route features");
+    ts.vocab = m.config.vocab;
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::string> names;
+    for (const std::string& task : f->tasks) {
+      ts.name = task;
+      for (int i = 0; i < f->samples; ++i) {
+        prompts.push_back(make_sample(ts, t.get(), lengths[0], f->seed * 1000003ull + static_cast<uint64_t>(i)).prompt_ids);
+        names.push_back(task);
+      }
+    }
+    std::fprintf(stderr, "route features: %zu prompts of %d tokens\n", prompts.size(), lengths[0]);
+    const auto t0 = std::chrono::steady_clock::now();
+    const FeatureSeparation s =
+        router_feature_separation(m, r, prompts, names, kDefaultPrefillChunk, [&](int done, int total) {
+          const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          const double rate = done / std::max(el, 1e-9);
+          std::fprintf(stderr, "\rroute features %d/%d prompts | %.2f prompts/s | eta %.0fs   ", done, total, rate,
+                       (total - done) / std::max(rate, 1e-9));
+          if (done == total) std::fprintf(stderr, "\n");
+        });
+    const std::string table = feature_separation_table(s);
+    write_text_file(f->out, "# Router features: task separation per layer\n\n" + std::to_string(s.prompts) +
+                                " prompts (" + std::to_string(f->samples) + " per task: " + [&] {
+                                  std::string j;
+                                  for (const auto& n : f->tasks) j += (j.empty() ? "" : ", ") + n;
+                                  return j;
+                                }() + "), " + std::to_string(lengths[0]) + " tokens. Cosine similarity of two "
+                                "prompts' features, mean over KV heads; gap = within-task - between-task.\n\n" + table,
+                    "router features");
+    std::vector<double> x(s.n_layers), gb(s.n_layers), ga(s.n_layers);
+    for (int l = 0; l < s.n_layers; ++l)
+      x[l] = l, gb[l] = s.within_before[l] - s.between_before[l], ga[l] = s.within_after[l] - s.between_after[l];
+    std::string svg = f->out;
+    if (svg.size() > 3 && svg.compare(svg.size() - 3, 3, ".md") == 0) svg.resize(svg.size() - 3);
+    svg += ".svg";
+    write_line_chart_svg(svg, "Task separation (within - between cosine) per layer", "layer", "gap",
+                         {{"pooled keys", x, gb}, {"after task MLP", x, ga}}, false, false);
+    std::printf("%s", table.c_str());
+    std::fprintf(stderr, "wrote %s and %s\n", f->out.c_str(), svg.c_str());
   }});
 }
 
