@@ -52,7 +52,7 @@ void add_route_command(CLI::App& app, Commands& cmds) {
   add_model_option(fe, f->model);
   fe->add_option("--router", f->router, "Trained router file")->required();
   fe->add_option("--tasks", f->tasks, "Comma list of tasks (each a group)")->delimiter(',');
-  fe->add_option("--length", f->length, "Prompt tokens, k = 1024")->check(CLI::TypeValidator<std::string>());
+  fe->add_option("--length", f->length, "Prompt tokens, k = 1024 (one length)");
   fe->add_option("--samples", f->samples, "Prompts per task")->check(in_range(2, 100000));
   fe->add_option("--seed", f->seed, "Seed of the prompts");
   fe->add_option("--haystack", f->hay, "Haystack text file");
