@@ -104,6 +104,20 @@ cuda::GpuOptions options(int max_ctx, int chunk) {
   return o;
 }
 
+// Two GPU models of one random model (the one a test acts on and an untouched twin to compare its steps with), 300
+// prompt ids and a mixed full/streaming routing.
+struct GpuTwins {
+  std::unique_ptr<cuda::GpuModel> a, b;
+  std::vector<int32_t> ids;
+  RoutingTable r;
+};
+GpuTwins gpu_twins(bool llama, uint64_t seed) {
+  const Model m = make_model(llama, seed);  // upload copies the weights
+  std::mt19937_64 rng(seed);
+  return {cuda::GpuModel::upload(m, options(512, 256)), cuda::GpuModel::upload(m, options(512, 256)),
+          random_ids(300, m.config.vocab, rng), mixed(m.config, false)};
+}
+
 class GpuModelTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(GpuModelTest, PrefillLogitsMatchCpuFullAndHybrid) {
@@ -304,11 +318,7 @@ TEST_P(GpuModelTest, LastRowAttentionMatchesCpuProbe) {
 TEST_P(GpuModelTest, ReleaseReturnsPagesAtOnce) {
   SKIP_WITHOUT_GPU();
   TRACED_SEED(seed);
-  Model m = make_model(GetParam(), seed);
-  std::mt19937_64 rng(seed);
-  auto a = cuda::GpuModel::upload(m, options(512, 256)), b = cuda::GpuModel::upload(m, options(512, 256));
-  const auto ids = random_ids(300, m.config.vocab, rng);
-  RoutingTable r = mixed(m.config, false);
+  auto [a, b, ids, r] = gpu_twins(GetParam(), seed);
   a->prefill(ids.data(), 300, &r, nullptr, nullptr, false);
   a->decode(ids[3]);
   EXPECT_GT(a->kv_bytes(), 0u);
@@ -332,11 +342,7 @@ TEST_P(GpuModelTest, ReleaseReturnsPagesAtOnce) {
 TEST_P(GpuModelTest, DecodePartsStepDecodesLikeAnyStep) {
   SKIP_WITHOUT_GPU();
   TRACED_SEED(seed);
-  Model m = make_model(GetParam(), seed);
-  std::mt19937_64 rng(seed);
-  auto a = cuda::GpuModel::upload(m, options(512, 256)), b = cuda::GpuModel::upload(m, options(512, 256));
-  const auto ids = random_ids(300, m.config.vocab, rng);
-  RoutingTable r = mixed(m.config, false);
+  auto [a, b, ids, r] = gpu_twins(GetParam(), seed);
   a->prefill(ids.data(), 300, &r, nullptr, nullptr, false);
   b->prefill(ids.data(), 300, &r, nullptr, nullptr, false);
   int32_t ta = a->decode(ids[5]), tb = b->decode(ids[5]);
