@@ -128,7 +128,7 @@ void print_metrics(const RoutingTable& r, const AttentionStats& st, int n_pos) {
   std::fprintf(stderr,
                "routing: Omega_MSR %.3f | Omega_ESR %.3f | attention FLOPs %.3f of full | KV kept %.3f of full (%lld of "
                "%lld positions at %d)\n",
-               r.msr(), st.esr(), st.flops_ratio(), all > 0 ? double(kept) / double(all) : 0.0,
+               r.msr(), st.esr(), st.flops_ratio(), kept_kv_share(r, n_pos),
                static_cast<long long>(kept), static_cast<long long>(all), n_pos);
 }
 

@@ -68,6 +68,8 @@ AttentionStats routed_prefill_stats(const RoutingTable& r, int T);
 // many (the GPU model's pages after a decode step, SequencePages::kept); the KV figure both devices print (x head_dim
 // x 2 for K and V x bytes per element).
 int64_t kept_kv_positions(const RoutingTable& r, int n_pos);
+// The same over what every head full would keep (n_pos per head): the KV figure as a share of all-full (0 when empty).
+double kept_kv_share(const RoutingTable& r, int n_pos);
 
 // One KV head's keys and values as attention sees them: positions before pos0 come from the cache, whose slots are
 // either one per position (ring_slots == 0) or `sink_slots` fixed slots then a ring of `ring_slots` (a streaming

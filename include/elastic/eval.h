@@ -80,7 +80,7 @@ struct SampleResult {
   int length = 0, sample = 0;
   double score = 0;             // 0..100 (string match x 100, or 100 * exp(mean log-prob) for likelihood tasks)
   double msr = 0, esr = 0, flops = 1;  // Omega_MSR, Omega_ESR, attention FLOPs / full
-  double kv = 1;  // KV memory after the prompt / all heads full (kept_kv_positions over T per head); NaN if not recorded
+  double kv = 1;  // KV memory after the prompt / all heads full (kept_kv_share); NaN if not recorded
   double wall_s = 0, prefill_s = 0, decode_s = 0;
   int new_tokens = 0;
   double logprob = 0, greedy_acc = 0;  // likelihood tasks only

@@ -250,6 +250,11 @@ int64_t kept_kv_positions(const RoutingTable& r, int n_pos) {
   return total;
 }
 
+double kept_kv_share(const RoutingTable& r, int n_pos) {
+  const int64_t all = int64_t(n_pos) * int64_t(r.mode.size());
+  return all > 0 ? double(kept_kv_positions(r, n_pos)) / double(all) : 0.0;
+}
+
 AttentionStats routed_prefill_stats(const RoutingTable& r, int T) {
   AttentionStats st;
   const int L = r.n_layers, Hkv = r.n_kv_heads;

@@ -321,7 +321,7 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
   out.msr = used.msr();
   out.esr = st.esr();
   out.flops = st.flops_ratio();
-  out.kv = T > 0 ? static_cast<double>(kept_kv_positions(used, T)) / (static_cast<double>(T) * used.mode.size()) : 1.0;
+  out.kv = kept_kv_share(used, T);
   return out;
 }
 
