@@ -485,7 +485,7 @@ class GpuRouterTrainer {
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(pooled, pool_sum_.ptr, f32s(K), cudaMemcpyDeviceToHost, st));
     ELASTIC_CUDA_CHECK(cudaStreamSynchronize(st));
     for (int j = 0; j < K; ++j) pooled[j] /= float(nb);
-    if (spec_.input == RouterInput::HeadIdentity) router::head_identity_input<float>(Hkv, hd, pooled);
+    router::apply_router_input(spec_.input, Hkv, hd, pooled);
     std::vector<float> logits(size_t(Hkv) * C);
     router::mlp_fwd<float>(P_ + layer_size_ * l, hd, C, pooled, Hkv, logits.data(), nullptr);
     for (int h = 0; h < Hkv; ++h) {

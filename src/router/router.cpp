@@ -82,13 +82,9 @@ Router Router::init(const RouterSpec& spec, uint64_t seed) {
 }
 
 void Router::logits(int layer, const float* pooled, float* out) const {
-  std::vector<float> fixed;
-  if (spec.input == RouterInput::HeadIdentity) {
-    fixed.resize(static_cast<size_t>(spec.n_kv_heads) * spec.head_dim);
-    router::head_identity_input(spec.n_kv_heads, spec.head_dim, fixed.data());
-    pooled = fixed.data();
-  }
-  router::mlp_fwd<float>(this->layer(layer), spec.head_dim, spec.classes(), pooled, spec.n_kv_heads, out, nullptr);
+  std::vector<float> x(pooled, pooled + static_cast<size_t>(spec.n_kv_heads) * spec.head_dim);
+  router::apply_router_input(spec.input, spec.n_kv_heads, spec.head_dim, x.data());
+  router::mlp_fwd<float>(this->layer(layer), spec.head_dim, spec.classes(), x.data(), spec.n_kv_heads, out, nullptr);
 }
 
 void Router::decide(int layer, const float* pooled, HeadMode* modes) const {

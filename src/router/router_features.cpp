@@ -69,7 +69,7 @@ FeatureSeparation router_feature_separation(Model& m, const Router& router,
       // The task MLP's output is the activation `t` of the router MLP's forward.
       router::MlpActs<float> acts;
       std::vector<float> lg(static_cast<size_t>(H) * C), x = before[i][l];
-      if (router.spec.input == RouterInput::HeadIdentity) router::head_identity_input<float>(H, d, x.data());
+      router::apply_router_input(router.spec.input, H, d, x.data());
       router::mlp_fwd<float>(router.layer(l), d, C, x.data(), H, lg.data(), &acts);
       after[i][l] = acts.t;
     }

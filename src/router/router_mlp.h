@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <vector>
 
+#include "elastic/router.h"
+
 namespace elastic::router {
 
 size_t layer_param_count(int d, int C);
@@ -25,10 +27,13 @@ template <class Real>
 void mlp_bwd(const Real* P, int d, int C, const Real* x, int n, const MlpActs<Real>& acts, const Real* dlogits,
              Real* dP, Real* dx);
 
-// The learned-static control's input (RouterInput::HeadIdentity): row h of x[n, d] = sqrt(d) * e_h, the norm of a
-// k_norm'ed key, so the MLP starts in the same range as under pooled keys. Needs n <= d (validate_router_spec).
+// The router's input rule, in place on x[n, d] (the pooled keys of n KV heads): Pooled reads them as they are; the
+// learned-static control (HeadIdentity) replaces row h by sqrt(d) * e_h, the norm of a k_norm'ed key, so the MLP starts
+// in the same range as under pooled keys. HeadIdentity needs n <= d (validate_router_spec). Inference, both trainers
+// and the feature analysis all call this.
 template <class Real>
-void head_identity_input(int n, int d, Real* x) {
+void apply_router_input(RouterInput in, int n, int d, Real* x) {
+  if (in == RouterInput::Pooled) return;
   for (size_t i = 0; i < static_cast<size_t>(n) * d; ++i) x[i] = Real(0);
   for (int h = 0; h < n; ++h) x[static_cast<size_t>(h) * d + h] = Real(std::sqrt(double(d)));
 }

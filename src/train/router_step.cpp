@@ -76,7 +76,7 @@ struct RouterStep<Real>::Impl {
     A.pooled.assign(static_cast<size_t>(Hkv) * hd, Real(0));
     for (int p : pool_pos)
       for (size_t j = 0; j < A.pooled.size(); ++j) A.pooled[j] += A.kn[static_cast<size_t>(p) * Hkv * hd + j] / nb;
-    if (spec.input == RouterInput::HeadIdentity) router::head_identity_input<Real>(Hkv, hd, A.pooled.data());
+    router::apply_router_input(spec.input, Hkv, hd, A.pooled.data());
     A.logits.resize(static_cast<size_t>(Hkv) * C);
     router::mlp_fwd<Real>(P + layer_size * l, hd, C, A.pooled.data(), Hkv, A.logits.data(), &A.mlp);
     A.z.resize(Hkv);
