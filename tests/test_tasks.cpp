@@ -205,6 +205,18 @@ TEST(EvalTasks, ChatFormatWrapsThePrompt) {
   EXPECT_NE(x.input.find("<|im_end|>\n<|im_start|>assistant\n The special magic"), std::string::npos);
   s.chat = [](const std::string&) { return std::string("no user text"); };
   EXPECT_THROW(make_sample(s, &tok, 700, 2), std::runtime_error);
+  // Every task is wrapped the same way, the continuation tasks too: the prompt opens the user turn and ends with the
+  // assistant's, so prompt format alone cannot tell a task class apart.
+  for (const std::string& name : ruler_task_names()) {
+    TaskSpec t = spec(name);
+    t.chat = [](const std::string& u) { return "<|im_start|>user\n" + u + "<|im_end|>\n<|im_start|>assistant\n"; };
+    const TaskSample y = make_sample(t, &tok, 700, 3);
+    EXPECT_EQ(y.input.rfind("<|im_start|>user\n", 0), 0u) << name;
+    const std::string tail = tok.decode({y.prompt_ids.end() - 8, y.prompt_ids.end()});
+    EXPECT_NE(y.input.find("<|im_end|>\n<|im_start|>assistant\n"), std::string::npos) << name;
+    if (is_robust(name) && name != "sum_recap")  // a continuation's reference is the whole assistant reply
+      EXPECT_NE(tail.find("<|im_start|>assistant\n"), std::string::npos) << name << ": " << tail;
+  }
 }
 
 TEST(EvalTasks, HaystackAndCodeCorpusFiles) {

@@ -136,7 +136,9 @@ std::vector<int32_t> stream_ids(const Enc& enc, const std::function<std::string(
 
 TaskSample continuation(const TaskSpec& spec, const Enc& enc, int target, const std::string& head,
                         const std::function<std::string(size_t)>& text_of_bytes, const std::string& cls) {
-  const Frame f = make_frame(spec, enc, target, head, "", "", 16, /*use_chat=*/false);
+  // Chat-wrapped like every other task (issue 23: a bare prompt for the continuation tasks alone let prompt format
+  // separate the classes): the context ends the user turn and the reference is the assistant's reply.
+  const Frame f = make_frame(spec, enc, target, head, "", "", 16);
   std::vector<int32_t> ids = stream_ids(enc, text_of_bytes, f.budget + kReferenceTokens, spec.name);
   Context c;
   c.ids.assign(ids.begin(), ids.begin() + f.budget);
@@ -207,14 +209,18 @@ TaskSample make_robust(const TaskSpec& spec, const Enc& enc, int target, uint64_
       while (t.size() < bytes) t += (t.empty() ? "" : " ") + filler_text(r, 32);
       return t;
     };
-    return continuation(spec, enc, target, "Continue the following text.\n", text, "continuation");
+    return continuation(spec, enc, target,
+                        "Continue the following text from exactly where it stops; reply with the continuation only.\n",
+                        text, "continuation");
   }
   if (spec.name == "code_continue") {
     auto text = [&](size_t bytes) {
       SplitMix64 r(seed);
       return spec.code_corpus.empty() ? builtin_code(r, bytes) : code_corpus_text(spec.code_corpus, bytes, r);
     };
-    return continuation(spec, enc, target, "// Continue the following source code.\n", text, "code");
+    return continuation(spec, enc, target,
+                        "Continue the following source code from exactly where it stops; reply with the code only.\n",
+                        text, "code");
   }
   throw std::runtime_error(spec.name + ": not a robust task");
 }
