@@ -613,12 +613,23 @@ TEST(RouterFeatures, SeparationOfCopiesAndDistinctTasks) {
   EXPECT_EQ(m.router, own);
   ASSERT_EQ(s.n_layers, m.config.n_layers);
   EXPECT_EQ(s.prompts, 6);
-  for (int l = 0; l < s.n_layers; ++l) {
-    EXPECT_NEAR(s.within_before[l], 1.0, 1e-9);
-    EXPECT_NEAR(s.within_after[l], 1.0, 1e-9);
-    EXPECT_LT(s.between_before[l], 1.0 - 1e-6);  // distinct random prompts pool to different keys
-    EXPECT_GE(s.between_before[l], -1.0);
-    EXPECT_LT(s.between_after[l], 1.0 - 1e-6);
+  for (int l = 0; l < s.n_layers; ++l)
+    for (const LayerSeparation* x : {&s.before[l], &s.after[l]}) {
+      EXPECT_NEAR(x->within, 1.0, 1e-9);
+      EXPECT_LT(x->between, 1.0 - 1e-6);  // distinct random prompts pool to different keys
+      EXPECT_GE(x->between, -1.0);
+      // Centred, copies still coincide; three equidistant-ish groups around their mean have negative cosines.
+      EXPECT_NEAR(x->within_centred, 1.0, 1e-5);
+      EXPECT_LT(x->between_centred, 0.0);
+      EXPECT_NEAR(x->task_variance_share, 1.0, 1e-5);  // no spread within a task: the task explains it all
+    }
+  // Unrelated labels: six distinct prompts, labels a a b b c c over a different pairing explain only part of it.
+  std::vector<std::vector<int32_t>> mixed = {prompts[0], prompts[2], prompts[4], prompts[1], prompts[3], prompts[5]};
+  const FeatureSeparation u = router_feature_separation(m, r, mixed, {"a", "a", "b", "b", "c", "c"}, 32);
+  for (int l = 0; l < u.n_layers; ++l) {
+    EXPECT_LT(u.before[l].task_variance_share, 0.99);
+    EXPECT_GT(u.before[l].task_variance_share, 0.0);
+    EXPECT_LT(u.before[l].within_centred, 0.999);
   }
   EXPECT_NE(feature_separation_table(s).find("| 0 | 1.0000 |"), std::string::npos);
   EXPECT_THROW(router_feature_separation(m, r, {prompts[0], prompts[1]}, {"a", "a"}, 32), std::invalid_argument);

@@ -100,16 +100,19 @@ void add_route_command(CLI::App& app, Commands& cmds) {
                                   for (const auto& n : f->tasks) j += (j.empty() ? "" : ", ") + n;
                                   return j;
                                 }() + "), " + std::to_string(lengths[0]) + " tokens. Cosine similarity of two "
-                                "prompts' features, mean over KV heads; gap = within-task - between-task.\n\n" + table,
+                                "prompts' features, mean over KV heads; gap = within-task - between-task; centred: the same after "
+                                "subtracting the mean feature over all prompts; task variance: the share of the "
+                                "features' variance that the task explains (eta^2; for features unrelated to the task "
+                                "about (tasks - 1) / (prompts - 1)).\n\n" + table,
                     "router features");
     std::vector<double> x(s.n_layers), gb(s.n_layers), ga(s.n_layers);
     for (int l = 0; l < s.n_layers; ++l)
-      x[l] = l, gb[l] = s.within_before[l] - s.between_before[l], ga[l] = s.within_after[l] - s.between_after[l];
+      x[l] = l, gb[l] = s.before[l].task_variance_share, ga[l] = s.after[l].task_variance_share;
     std::string svg = f->out;
     if (svg.size() > 3 && svg.compare(svg.size() - 3, 3, ".md") == 0) svg.resize(svg.size() - 3);
     svg += ".svg";
-    write_line_chart_svg(svg, "Task separation (within - between cosine) per layer", "layer", "gap",
-                         {{"pooled keys", x, gb}, {"after task MLP", x, ga}}, false, false);
+    write_line_chart_svg(svg, "Share of feature variance explained by the task, per layer", "layer", "eta^2",
+                         {{"pooled keys", x, gb}, {"after task MLP", x, ga}}, false, true);
     std::printf("%s", table.c_str());
     std::fprintf(stderr, "wrote %s and %s\n", f->out.c_str(), svg.c_str());
   }});

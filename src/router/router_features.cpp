@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <stdexcept>
 
@@ -37,6 +38,46 @@ double head_cosine(const std::vector<float>& a, const std::vector<float>& b, int
     sum += ab / std::max(std::sqrt(aa * bb), 1e-30);
   }
   return sum / H;
+}
+
+// Layer l's separation statistics over all prompts' features x[prompt][layer] ([H, d] each).
+LayerSeparation layer_separation(const std::vector<std::vector<std::vector<float>>>& x, int l,
+                                 const std::vector<std::string>& tasks, int H, int d) {
+  const size_t n = x.size(), D = static_cast<size_t>(H) * d;
+  // Centring removes what every prompt shares (a large common component makes raw cosines all ~1).
+  std::vector<double> mean(D, 0.0);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t k = 0; k < D; ++k) mean[k] += x[i][l][k] / static_cast<double>(n);
+  std::vector<std::vector<float>> c(n, std::vector<float>(D));
+  for (size_t i = 0; i < n; ++i)
+    for (size_t k = 0; k < D; ++k) c[i][k] = static_cast<float>(x[i][l][k] - mean[k]);
+  LayerSeparation s;
+  int nw = 0, nb = 0;
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = i + 1; j < n; ++j) {
+      const double raw = head_cosine(x[i][l], x[j][l], H, d), cen = head_cosine(c[i], c[j], H, d);
+      if (tasks[i] == tasks[j]) s.within += raw, s.within_centred += cen, ++nw;
+      else s.between += raw, s.between_centred += cen, ++nb;
+    }
+  s.within /= nw, s.between /= nb, s.within_centred /= nw, s.between_centred /= nb;
+  // Share of the features' variance that the task explains (eta^2 = between-task / total sum of squares, per KV head,
+  // averaged over heads): 1 when each task's prompts coincide, about (tasks - 1) / (prompts - 1) for unrelated ones.
+  std::map<std::string, std::vector<size_t>> groups;
+  for (size_t i = 0; i < n; ++i) groups[tasks[i]].push_back(i);
+  for (int h = 0; h < H; ++h) {
+    double total = 0, between = 0;
+    for (size_t i = 0; i < n; ++i)
+      for (int j = 0; j < d; ++j) total += double(c[i][static_cast<size_t>(h) * d + j]) * c[i][static_cast<size_t>(h) * d + j];
+    for (const auto& [t, members] : groups)
+      for (int j = 0; j < d; ++j) {
+        double m = 0;
+        for (size_t i : members) m += c[i][static_cast<size_t>(h) * d + j];
+        m /= static_cast<double>(members.size());
+        between += static_cast<double>(members.size()) * m * m;
+      }
+    s.task_variance_share += (total > 0 ? between / total : 0.0) / H;
+  }
+  return s;
 }
 
 }  // namespace
@@ -78,32 +119,30 @@ FeatureSeparation router_feature_separation(Model& m, const Router& router,
   FeatureSeparation s;
   s.n_layers = L;
   s.prompts = static_cast<int>(n);
-  for (auto* v : {&s.within_before, &s.between_before, &s.within_after, &s.between_after}) v->assign(L, 0.0);
+  int nw = 0, nb = 0;
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = i + 1; j < n; ++j) (tasks[i] == tasks[j] ? nw : nb) += 1;
+  if (nw == 0 || nb == 0)
+    throw std::invalid_argument("router features: needs two prompts of one task and prompts of two tasks");
+  s.before.resize(L), s.after.resize(L);
   for (int l = 0; l < L; ++l) {
-    double wb = 0, bb = 0, wa = 0, ba = 0;
-    int nw = 0, nb = 0;
-    for (size_t i = 0; i < n; ++i)
-      for (size_t j = i + 1; j < n; ++j) {
-        const double cb = head_cosine(before[i][l], before[j][l], H, d), ca = head_cosine(after[i][l], after[j][l], H, d);
-        if (tasks[i] == tasks[j]) wb += cb, wa += ca, ++nw;
-        else bb += cb, ba += ca, ++nb;
-      }
-    if (nw == 0 || nb == 0)
-      throw std::invalid_argument("router features: needs two prompts of one task and prompts of two tasks");
-    s.within_before[l] = wb / nw, s.between_before[l] = bb / nb;
-    s.within_after[l] = wa / nw, s.between_after[l] = ba / nb;
+    s.before[l] = layer_separation(before, l, tasks, H, d);
+    s.after[l] = layer_separation(after, l, tasks, H, d);
   }
   return s;
 }
 
 std::string feature_separation_table(const FeatureSeparation& s) {
-  std::string o = "| layer | before: within | before: between | before: gap | after task MLP: within | between | gap |\n"
-                  "|---:|---:|---:|---:|---:|---:|---:|\n";
-  char buf[256];
+  std::string o =
+      "| layer | before: within | between | gap | centred gap | task variance | after task MLP: within | between | gap "
+      "| centred gap | task variance |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  char buf[320];
   for (int l = 0; l < s.n_layers; ++l) {
-    std::snprintf(buf, sizeof buf, "| %d | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f |\n", l, s.within_before[l],
-                  s.between_before[l], s.within_before[l] - s.between_before[l], s.within_after[l],
-                  s.between_after[l], s.within_after[l] - s.between_after[l]);
+    const LayerSeparation &b = s.before[l], &a = s.after[l];
+    std::snprintf(buf, sizeof buf, "| %d | %.4f | %.4f | %.4f | %.4f | %.3f | %.4f | %.4f | %.4f | %.4f | %.3f |\n", l,
+                  b.within, b.between, b.within - b.between, b.within_centred - b.between_centred,
+                  b.task_variance_share, a.within, a.between, a.within - a.between,
+                  a.within_centred - a.between_centred, a.task_variance_share);
     o += buf;
   }
   return o;
