@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "elastic/haystack.h"
 #include "elastic/tasks.h"
 #include "scratch_dir.h"
 
@@ -230,6 +231,17 @@ TEST(EvalTasks, HaystackAndCodeCorpusFiles) {
   s.haystack_file = hay;
   const TaskSample a = make_sample(s, &tok, 500, 1);
   EXPECT_NE(a.input.find("Zebrafish number"), std::string::npos);
+  // Each sample reads the file from its own line: two seeds give two haystacks (a fixed prefix made every prompt of
+  // a length share its text), one seed always the same.
+  EXPECT_NE(make_sample(s, &tok, 500, 2).prompt_ids, a.prompt_ids);
+  EXPECT_EQ(make_sample(s, &tok, 500, 1).prompt_ids, a.prompt_ids);
+  std::set<std::string> starts;
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    const std::vector<int32_t> h = haystack_token_ids(tok, hay, 40, seed);
+    ASSERT_EQ(h.size(), 40u);
+    starts.insert(tok.decode({h.begin(), h.begin() + 12}));
+  }
+  EXPECT_GE(starts.size(), 6u);
   s.name = "continue_text";
   EXPECT_NE(make_sample(s, &tok, 300, 1).input.find("aquarium"), std::string::npos);
 

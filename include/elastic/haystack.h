@@ -38,8 +38,8 @@ const std::string& noise_text();
 // Whole contents of a haystack file; throws "<path>: cannot open haystack file" / "... is empty".
 std::string read_haystack_file(const std::string& path);
 
-// Exactly n haystack token ids: the file's text (a prefix, repeated when short) when `file` is non-empty, else the
-// built-in filler drawn from `seed`. Throws naming the file when it cannot be read or yields no tokens.
+// Exactly n haystack token ids: the file's text from a line drawn from `seed` on (wrapping around, repeated when short)
+// when `file` is non-empty, else the built-in filler drawn from `seed`. Throws naming the file when it cannot be read or yields no tokens.
 std::vector<int32_t> haystack_token_ids(const Tokenizer& tok, const std::string& file, int n, uint64_t seed);
 
 // Exactly n ids of the noise haystack.

@@ -70,11 +70,21 @@ std::string read_haystack_file(const std::string& path) {
 std::vector<int32_t> haystack_token_ids(const Tokenizer& tok, const std::string& file, int n, uint64_t seed) {
   if (n <= 0) return {};
   if (!file.empty()) {
-    std::string text = read_haystack_file(file);
-    // Tokenizing a prefix is enough: ~16 bytes per token is generous for English text.
+    const std::string text = read_haystack_file(file);
+    // Each sample reads the file from its own (seeded) line on, wrapping around at the end. A fixed prefix gave every
+    // prompt of a length the same text, so the router's input (the pooled first and last tokens) hardly varied
+    // within a task. Tokenizing ~16 bytes per token is generous for English text.
     const size_t cap = static_cast<size_t>(n) * 16 + 1024;
-    if (text.size() > cap) text.resize(cap);
-    std::vector<int32_t> ids = tok.encode(text);
+    SplitMix64 r(seed);
+    size_t start = r.below(text.size());
+    const size_t nl = text.find('\n', start);
+    start = nl == std::string::npos || nl + 1 >= text.size() ? 0 : nl + 1;
+    std::string chunk;
+    while (chunk.size() < cap) {
+      chunk += text.substr(start, cap - chunk.size());
+      start = 0;
+    }
+    std::vector<int32_t> ids = tok.encode(chunk);
     if (ids.empty()) throw std::runtime_error(file + ": haystack file yields no tokens");
     return repeat_to(ids, n);
   }
