@@ -13,6 +13,7 @@
 #include "elastic/heatmap_svg.h"
 #include "elastic/plot_svg.h"
 #include "elastic/router.h"
+#include "elastic/sequence_backend.h"
 #include "scratch_dir.h"
 
 using namespace elastic;
@@ -394,6 +395,58 @@ TEST(EvalPlots, ParetoFrontAndShapes) {
 
 // ESR and FLOPs are the prompt's prefill figures on every path: the CPU's counted blocks (decode steps not counted)
 // equal what routed_prefill_stats derives from the routing, which is what a SequenceBackend (the GPU) reports.
+// Generation stops once every reference is found (the score cannot change after that) and otherwise runs to the
+// task's budget: a backend that plays back a script of greedy ids shows both.
+TEST_F(EvalRun, GenerationStopsOnceTheScoreIsFinal) {
+  const Model& m = tiny();
+  struct Scripted : SequenceBackend {
+    std::vector<int32_t> script;
+    size_t next = 0;
+    int len = 0, V = 0, decodes = 0;
+    void one_hot(std::vector<float>& logits) {
+      logits.assign(V, 0.0f);
+      logits[script[std::min(next++, script.size() - 1)]] = 1.0f;
+    }
+    void prefill(const std::vector<int32_t>& prompt, const RoutingTable*, const PromptRouter*,
+                 std::vector<float>& logits, RoutingTable& used) override {
+      len = static_cast<int>(prompt.size());
+      used = RoutingTable::all_full(2, 2);
+      one_hot(logits);
+    }
+    void decode(int32_t, std::vector<float>& logits) override { ++len, ++decodes, one_hot(logits); }
+    int length() const override { return len; }
+    void release() override {}
+    std::string name() const override { return "scripted"; }
+    int capacity() const override { return 1 << 20; }
+  };
+  TaskSample s;
+  s.task = "niah_single_1";
+  s.task_class = "retrieval";
+  s.metric = TaskMetric::MatchAll;
+  s.prompt_ids.assign(40, 1);
+  s.max_new_tokens = 10;
+  s.answer_ids = {{5, 6}, {8}};
+  const RoutingTable r = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
+  Scripted right;
+  right.V = m.config.vocab;
+  right.script = {3, 5, 6, 4, 8, 9, 9, 9, 9, 9, 9};
+  const SampleResult a = run_sample(m, nullptr, s, &r, 64, &right);
+  EXPECT_EQ(a.prediction_ids, (std::vector<int32_t>{3, 5, 6, 4, 8}));  // both references found at the fifth id
+  EXPECT_EQ(a.score, 100.0);
+  EXPECT_EQ(right.decodes, 4);
+  Scripted half;
+  half.V = m.config.vocab;
+  half.script = {5, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7};
+  const SampleResult b = run_sample(m, nullptr, s, &r, 64, &half);
+  EXPECT_EQ(b.new_tokens, 10);  // one reference of two: the budget runs out
+  EXPECT_EQ(b.score, 50.0);
+  s.metric = TaskMetric::MatchPart;  // any reference found is final for the part metric
+  Scripted part;
+  part.V = m.config.vocab;
+  part.script = half.script;
+  EXPECT_EQ(run_sample(m, nullptr, s, &r, 64, &part).new_tokens, 2);
+}
+
 TEST_F(EvalRun, SampleFiguresAreThePromptsPrefill) {
   const Model& m = tiny();
   RoutingTable r = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
