@@ -20,7 +20,10 @@ import math
 import os
 import random
 
-TRAIN_TASKS = {"niah_single_2", "sum_recap", "niah_multikey_1", "continue_text", "qa_1", "code_continue"}  # tasks.h
+# Rows name their split ("train": in the router's training mix, else "held-out"); files from before rows did fall back
+# on this copy of tasks.h's training_task_names().
+TRAIN_TASKS = {"niah_single_2", "sum_recap", "niah_multikey_1", "continue_text", "qa_1", "code_continue"}
+SPLIT = {}  # task -> split, from the rows
 ROBUST = {"summarization", "continuation", "code"}  # target Omega 1.0 in training; the other classes 0.7
 GROUPS = [  # (group, member prefix, description)
     ("full", "full", "all heads full"),
@@ -30,6 +33,13 @@ GROUPS = [  # (group, member prefix, description)
     ("static-task-probe", "static_task", "retrieval heads, probe on the eval's niah_single_2 prompts"),
     ("static-classic-probe", "static_classic", "retrieval heads, run 3's magic-number probe"),
     ("ssa", "ssa", "all heads streaming"),
+    ("sweep-pool400", "sweep_pool400", "adaptive, seed 1, pooling window 400 tokens at each end (not 100)"),
+    ("sweep-mlr1e-2", "sweep_mlr1e-2", "adaptive, seed 1, multiplier lr 1e-2 (run 3's) instead of 1e-3"),
+    ("sweep-mlr1e-2-static", "sweep_mlr1e-2static", "learned-static twin of sweep-mlr1e-2"),
+]
+SWEEPS = [  # (sweep group, its learned-static control: a group or a member, what the sweep changes)
+    ("sweep-pool400", "static_s1", "pooling window 400 (the head-identity control ignores pooling)"),
+    ("sweep-mlr1e-2", "sweep-mlr1e-2-static", "multiplier lr 1e-2, against its own learned-static twin"),
 ]
 
 
@@ -51,7 +61,7 @@ def kind_of(r):
 
 
 def split_of(task):
-    return "train" if task in TRAIN_TASKS else "held-out"
+    return SPLIT.get(task) or ("train" if task in TRAIN_TASKS else "held-out")
 
 
 def mean(v):
@@ -218,8 +228,19 @@ def analyze(rows, a, rng, prefix, title):
         lines += ["", "## The adaptive router minus each control (points; mean [95% CI]; > 0: the router is better)", "",
                   "| control | " + " | ".join(f"{k}, {s}" for s, k in cols) + " |", "|---|" + "---:|" * len(cols)]
         for g, _, _ in GROUPS:
-            if g in members and g not in ("adaptive", "full"):
+            if g in members and g not in ("adaptive", "full") and not g.startswith("sweep"):
                 lines.append(f"| {g} | " + " | ".join(fmt_ci(*paired("adaptive", g, s, kd)) for s, kd in cols) + " |")
+    # What changes the picture: each sweep router minus its learned-static control, on the same prompts.
+    sweeps = [(g, c, what) for g, c, what in SWEEPS if g in members and (c in members or
+              any(c in ms for ms in members.values()))]
+    if sweeps:
+        lines += ["", "## Sweeps: each minus its learned-static control (points; mean [95% CI]; > 0: adaptivity helps)",
+                  "", "| sweep | control | what changes | " + " | ".join(f"{k}, {s}" for s, k in cols) + " |",
+                  "|---|---|---|" + "---:|" * len(cols)]
+        for g, c, what in sweeps:
+            if c not in members:
+                members[c] = [c]  # a single member as its own group, for pairing
+            lines.append(f"| {g} | {c} | {what} | " + " | ".join(fmt_ci(*paired(g, c, s, kd)) for s, kd in cols) + " |")
 
     # 3. Spread over seeds and draws: each member's own difference to full, accuracy and likelihood pooled over splits.
     lines += ["", "## Each member against full (points, all tasks of a kind pooled)", "",
@@ -302,9 +323,17 @@ def main():
     rng = random.Random(a.seed)
     rows = load(a.results)
     os.makedirs(a.out, exist_ok=True)
+    for r in rows:
+        if "split" in r:
+            SPLIT[r["task"]] = r["split"]
     plain = [r for r in rows if not r.get("templates") and not r["method"].startswith("para_")]
     para = [dict(r, method=r["method"][len("para_"):]) for r in rows if r["method"].startswith("para_")]
-    lines = analyze(plain, a, rng, "", "# Elastic Attention against its controls at matched sparsity")
+    lengths = sorted({r["length"] for r in plain})
+    lines = []
+    for i, L in enumerate(lengths):  # one analysis per prompt length: the controls are matched at each length's Omega
+        sub = [r for r in plain if r["length"] == L]
+        title = "# Elastic Attention against its controls at matched sparsity" + (f", {L}-token prompts" if len(lengths) > 1 else "")
+        lines += ([""] if i else []) + analyze(sub, a, rng, f"L{L}_" if i else "", title)
     if para:
         lines += [""] + analyze(para, a, rng, "para_", "# The same on held-out templates (eval --paraphrase)")
     with open(os.path.join(a.out, "report.md"), "w") as f:

@@ -2,19 +2,21 @@
 # GPU machine: the method against its controls at matched sparsity (issue 23), on SmolLM2-135M-Instruct.
 # Resumable across device calls: everything lives in .ctl/ (git-ignored, kept on a warm machine between calls) and each
 # stage is skipped when its output exists, so a second call carries on where the first stopped. Stages:
-#   1. GPU tests of the router step (the head-identity input is new) and the model assembled from its parts;
-#   2. the retrieval-head probe the static baseline deserves: the eval's own niah_single_2 prompts, chat-wrapped, at
-#      the eval length (PROBE_PROMPTS of them);
-#   3. routers trained in parallel on the one GPU: SEEDS input-adaptive ones (pooled keys) and SEEDS learned-static
+#   1. the retrieval-head probe the static baseline deserves: the eval's own niah_single_2 prompts, chat-wrapped, at
+#      the eval length (PROBE_PROMPTS of them), run beside
+#   2. routers trained in parallel on the one GPU: SEEDS input-adaptive ones (pooled keys) and SEEDS learned-static
 #      ones (the same trainer, data, loss and seed with a fixed input per head: --router-input head-identity);
-#   4. eval, phase 1: full and every router, one process per method (the GPU is far from busy with a 135M model);
-#   5. phase 2, at the adaptive routers' measured mean Omega_MSR: random heads (RANDOM_DRAWS draws), static retrieval
+#   3. eval, phase 1: full and every router, one process per method (the GPU is far from busy with a 135M model);
+#      the sweep routers (SWEEPS: what changes the picture) train in the background meanwhile;
+#   4. phase 2, at the adaptive routers' measured mean Omega_MSR: random heads (RANDOM_DRAWS draws), static retrieval
 #      heads from the task probe and from the classic magic-number probe of run 3 (docs/results), all-SSA;
-#   6. if time is left, the held-out templates (eval --paraphrase) for full, the first seed's routers and one draw.
+#   5. the held-out templates (eval --paraphrase) for full, the first seed's routers and one draw; the sweep routers;
+#   6. LONG (e.g. 4096): the probe, full and the routers at that length, then the controls at the Omega measured there;
+#   7. the whole GPU test suite, if time is left.
 # Eval prompts use a real-text haystack (Debian's licence texts, carried as .ctl_in/haystack.txt: the router trained
 # on the synthetic grammar) and real C++ for code_continue (this repo's src/model), over the training tasks and held-out
 # ones. Results: .ctl/eval_*/results.jsonl, merged into $OUT/results.jsonl.gz with the training logs and the report.
-# Env: STEPS, BATCH, MAXLEN, LR, MLR, SEEDS ("1 2 3"), LENGTHS, SAMPLES, TASKS, RANDOM_DRAWS, PROBE_PROMPTS, BUDGET
+# Env: STEPS, BATCH, MAXLEN, LR, MLR, SEEDS ("1 2 3"), LENGTHS, LONG, SAMPLES, TASKS, RANDOM_DRAWS, PROBE_PROMPTS, BUDGET
 # (seconds this call may use, default 560; stages that do not fit are left for the next call), DEVICE (cuda; cpu for a
 # dry run of the script here with tiny settings, e.g. STEPS=2 MAXLEN=300 LENGTHS=256 SAMPLES=1 SEEDS=1 PROBE_PROMPTS=1).
 set -uo pipefail
@@ -31,15 +33,20 @@ if [ ! -f "$M" ] || [ "$(sha256sum "$M" | cut -d' ' -f1)" != "$SHA" ]; then
   cat models/parts/q* > "$M" || exit 1
   [ "$(sha256sum "$M" | cut -d' ' -f1)" = "$SHA" ] || { echo "model parts do not reassemble to $NAME"; exit 1; }
 fi
-STEPS=${STEPS:-600}
+STEPS=${STEPS:-500}
 BATCH=${BATCH:-4}
 MAXLEN=${MAXLEN:-1088}
 LR=${LR:-5e-4}
-MLR=${MLR:-1e-2}
+MLR=${MLR:-1e-3}  # the method's multiplier lr (run 3 used 1e-2)
 SEEDS=${SEEDS:-1 2 3}
 LENGTHS=${LENGTHS:-1024}
-SAMPLES=${SAMPLES:-25}
-TASKS=${TASKS:-niah_single_2,niah_multikey_1,qa_1,sum_recap,code_continue,niah_single_3,niah_multivalue,qa_2}
+LONG=${LONG:-4096}  # a second eval length for phase 6 ("" = none)
+SAMPLES=${SAMPLES:-50}
+TASKS=${TASKS:-niah_single_2,niah_multikey_1,qa_1,sum_recap,code_continue,continue_text,niah_single_3,niah_multivalue,qa_2}
+# Sweeps (what changes the picture), "name|train-router flags" beyond the shared ones, seed 1: the pooling window (the
+# router sees only the first and last 100 tokens) and run 3's multiplier lr 1e-2. A pool sweep's control is static_s1
+# (the head-identity input ignores pooling); the lr sweep trains its own learned-static twin.
+SWEEPS=${SWEEPS:-"pool400|--router-input pooled --multiplier-lr $MLR --pool 400;mlr1e-2|--router-input pooled --multiplier-lr 1e-2;mlr1e-2static|--router-input head-identity --multiplier-lr 1e-2"}
 RANDOM_DRAWS=${RANDOM_DRAWS:-5}
 PROBE_PROMPTS=${PROBE_PROMPTS:-50}
 BUDGET=${BUDGET:-560}
@@ -51,60 +58,65 @@ HAY=.ctl_in/haystack.txt
 left() { echo $(( BUDGET - SECONDS )); }
 log() { echo "[$(date +%T) +${SECONDS}s] $*"; }
 
-# 1. The router step on the GPU against the CPU, every variant (head-identity included).
-if [ "$DEVICE" = cuda ] && [ ! -f $X/tests.ok ]; then
-  $C/elastic_gpu_tests --gtest_filter='*GpuTrainStep*:GpuTrainRouter.*' 2>&1 | tail -n 4 | tee $X/tests.log
-  grep -q PASSED $X/tests.log && touch $X/tests.ok
-fi
-
-# 2. The task probe: the eval's niah_single_2 prompts at the first eval length, chat-wrapped, on the real text.
+# 1-2. The task probe at the first eval length, beside the main routers, all in parallel. A router is trained to a
+# .tmp file and renamed when done, so a call cut mid-training retrains it next call rather than keeping half of it.
 L0=${LENGTHS%%,*}
-if [ ! -s $X/heads_task.json ]; then
-  log "probe --task niah_single_2 --prompts $PROBE_PROMPTS -c $L0"
-  $C/elastic probe -m "$M" --device "$DEVICE" --task niah_single_2 --prompts "$PROBE_PROMPTS" -c "$L0" --haystack "$HAY" \
-    --seed 7 -o $X/heads_task.json 2>&1 | tr '\r' '\n' | tail -n 2
-fi
-
-# 3. Routers, all in parallel.
-pids=()
-for s in $SEEDS; do
-  for kind in adaptive static; do
-    f=$X/${kind}_s$s.safetensors
-    [ -s "$f" ] && continue
-    input=pooled; [ $kind = static ] && input=head-identity
-    $C/elastic train-router -m "$M" --device "$DEVICE" --steps "$STEPS" --batch "$BATCH" --max-len "$MAXLEN" \
-      --builtin-samples 800 $SPARSE --lr "$LR" --multiplier-lr "$MLR" --seed "$s" --router-input $input \
-      -o "$f.tmp" --log $X/train_${kind}_s$s.jsonl -t 2 > $X/train_${kind}_s$s.log 2>&1 &
-    pids+=($!)
+probe_at() {  # $1 = length; writes $X/heads_task_$1.json
+  [ -s $X/heads_task_$1.json ] && return 0
+  $C/elastic probe -m "$M" --device "$DEVICE" --task niah_single_2 --prompts "$PROBE_PROMPTS" -c "$1" --haystack "$HAY" \
+    --seed 7 -o $X/heads_task_$1.json.tmp > $X/probe_$1.log 2>&1 && mv $X/heads_task_$1.json.tmp $X/heads_task_$1.json
+}
+train() {  # $1 = name, rest = train-router flags beyond the shared ones
+  local name=$1; shift
+  [ -s $X/$name.safetensors ] && return 0
+  timeout $(( $(left) - 10 )) $C/elastic train-router -m "$M" --device "$DEVICE" --steps "$STEPS" --batch "$BATCH" \
+    --max-len "$MAXLEN" --builtin-samples 800 $SPARSE --lr "$LR" "$@" -o $X/$name.safetensors.tmp \
+    --log $X/train_$name.jsonl -t 2 > $X/train_$name.log 2>&1 && mv $X/$name.safetensors.tmp $X/$name.safetensors
+}
+main_ok() { local s; for s in $SEEDS; do [ -s $X/adaptive_s$s.safetensors ] && [ -s $X/static_s$s.safetensors ] || return 1; done; }
+if ! main_ok || [ ! -s $X/heads_task_$L0.json ]; then
+  log "probe at $L0 and the main routers, in parallel"
+  pids=()
+  probe_at "$L0" & pids+=($!)
+  for s in $SEEDS; do
+    train adaptive_s$s --seed "$s" --router-input pooled --multiplier-lr "$MLR" & pids+=($!)
+    train static_s$s --seed "$s" --router-input head-identity --multiplier-lr "$MLR" & pids+=($!)
   done
-done
-if [ ${#pids[@]} -gt 0 ]; then
-  log "training ${#pids[@]} routers in parallel"
   for p in "${pids[@]}"; do wait $p; done
-  for f in $X/*.safetensors.tmp; do [ -s "$f" ] && mv "$f" "${f%.tmp}"; done
-  log "trained"; for f in $X/train_*.log; do echo "$f: $(grep -E '^step' "$f" | tail -n 1 | tr '\r' ' ' | cut -c1-220)"; done
+  log "trained"; for f in $X/train_*.log; do echo "$f: $(grep -E '^step' "$f" | tail -n 1 | tr '\r' ' ' | cut -c1-200)"; done
+fi
+main_ok || { log "main routers not done; the next call goes on"; }
+
+# The sweep routers train in the background while the evals run (the next call retrains any cut short).
+sweep_pids=()
+if main_ok; then
+  IFS=';' read -ra SW <<< "$SWEEPS"
+  for spec in "${SW[@]}"; do
+    [ -n "$spec" ] || continue
+    train "sweep_${spec%%|*}" --seed 1 ${spec#*|} & sweep_pids+=($!)
+  done
 fi
 
-# One eval process per method; each its own folder (they share nothing but the GPU). $1 = folder, rest = eval flags.
+# One eval process per method; each its own folder (they share nothing but the GPU). $1 = folder, $2 = lengths, rest =
+# eval flags.
 run_eval() {
-  local dir=$1; shift
+  local dir=$1 lengths=$2; shift 2
   sanitize "$dir"
-  timeout $(( $(left) - 20 )) $C/elastic eval -m "$M" --device "$DEVICE" --tasks "$TASKS" --lengths "$LENGTHS" \
+  timeout $(( $(left) - 20 )) $C/elastic eval -m "$M" --device "$DEVICE" --tasks "$TASKS" --lengths "$lengths" \
     --samples "$SAMPLES" --seed 3 $SPARSE --haystack "$HAY" --code-corpus src/model -t 2 -o "$dir" "$@" \
     > "$dir.log" 2>&1
   sanitize "$dir"
 }
-phase() {  # "name|eval flags" specs, run in parallel
-  local pids=() spec
+phase() {  # $1 = folder prefix, $2 = lengths, then "name|eval flags" specs, run in parallel
+  local pre=$1 lengths=$2 pids=() spec; shift 2
   for spec in "$@"; do
-    run_eval "$X/eval_${spec%%|*}" ${spec#*|} &
+    run_eval "$X/eval_$pre${spec%%|*}" "$lengths" ${spec#*|} &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait $p; done
 }
 NT=$(echo "$TASKS" | tr ',' '\n' | grep -c .)
 NL=$(echo "$LENGTHS" | tr ',' '\n' | grep -c .)
-WANT=$(( NT * NL * SAMPLES ))
 # A sample line cut by a timeout is dropped, so the eval resumes from whole lines.
 sanitize() {
   [ -f "$1/results.jsonl" ] || return 0
@@ -117,55 +129,88 @@ for l in open(p):
     except ValueError: pass
 open(p, "w").writelines(keep)' "$1/results.jsonl"
 }
-# Every folder given has all its samples (one method per folder).
+# Every folder given ($2...) has all its samples ($1 of them; one method per folder).
 done_all() {
-  local d
+  local want=$1 d; shift
   for d in "$@"; do
-    [ -f "$d/results.jsonl" ] && [ "$(grep -c . "$d/results.jsonl")" -ge "$WANT" ] || return 1
+    [ -f "$d/results.jsonl" ] && [ "$(grep -c . "$d/results.jsonl")" -ge "$want" ] || return 1
   done
 }
+dirs_of() { local pre=$1 spec; shift; for spec in "$@"; do echo "$X/eval_$pre${spec%%|*}"; done; }
+# Runs a phase unless done or out of time. $1 = prefix, $2 = lengths, $3 = samples wanted per folder, rest = specs.
+run_phase() {
+  local pre=$1 lengths=$2 want=$3; shift 3
+  done_all "$want" $(dirs_of "$pre" "$@") && return 0
+  [ "$(left)" -gt 90 ] || return 1
+  log "eval $pre${1%%|*}... ($# processes, lengths $lengths)"; phase "$pre" "$lengths" "$@"; log "ended"
+  done_all "$want" $(dirs_of "$pre" "$@")
+}
+# Mean Omega_MSR of the adaptive routers' samples in folders matching $1 (measured once, then kept in $2, so the
+# control folders never mix two Omegas).
+measure_omega() {
+  [ -s "$2" ] || cat $1 | python3 -c '
+import json, sys
+v = [json.loads(l)["msr"] for l in sys.stdin if l.strip() and json.loads(l)["method"].startswith("router-")]
+print(f"{sum(v) / len(v):.3f}")' > "$2"
+  cat "$2"
+}
+WANT=$(( NT * NL * SAMPLES ))
 
-# 4. Phase 1: full and the routers.
+# 3. Phase 1: full and the routers.
 P1=("full|--methods full")
 for s in $SEEDS; do
   P1+=("adaptive_s$s|--methods none --router $X/adaptive_s$s.safetensors")
   P1+=("static_s$s|--methods none --router $X/static_s$s.safetensors")
 done
-dirs1=(); for spec in "${P1[@]}"; do dirs1+=($X/eval_${spec%%|*}); done
-if ! done_all "${dirs1[@]}" && [ "$(left)" -gt 90 ]; then
-  log "eval phase 1: ${#P1[@]} processes"; phase "${P1[@]}"; log "phase 1 ended"
-fi
-
-# 5. Phase 2 at the adaptive routers' mean Omega_MSR over phase 1's samples.
-if done_all "${dirs1[@]}"; then
-  # Measured once: a later call with more seeds keeps it, so the control folders never mix two Omegas.
-  [ -s $X/omega_matched.txt ] || cat $X/eval_adaptive_s*/results.jsonl | python3 -c '
-import json, sys
-v = [json.loads(l)["msr"] for l in sys.stdin if l.strip() and json.loads(l)["method"].startswith("router-")]
-print(f"{sum(v) / len(v):.3f}")' > $X/omega_matched.txt
-  OMEGA=$(cat $X/omega_matched.txt)
+main_ok && run_phase "" "$LENGTHS" "$WANT" "${P1[@]}" && {
+  # 4. Phase 2 at the adaptive routers' mean Omega_MSR over phase 1's samples.
+  OMEGA=$(measure_omega "$X/eval_adaptive_s*/results.jsonl" $X/omega_matched.txt)
   log "matched Omega_MSR $OMEGA"
   cp docs/results/smollm2_gpu/heads_1024.json $X/heads_classic.json
-  P2=("ssa|--methods ssa" "static_task|--methods static@$OMEGA --scores $X/heads_task.json"
+  P2=("ssa|--methods ssa" "static_task|--methods static@$OMEGA --scores $X/heads_task_$L0.json"
       "static_classic|--methods static@$OMEGA --scores $X/heads_classic.json")
   for r in $(seq 1 "$RANDOM_DRAWS"); do P2+=("random_$r|--methods random@$OMEGA:$r"); done
-  dirs2=(); for spec in "${P2[@]}"; do dirs2+=($X/eval_${spec%%|*}); done
-  if ! done_all "${dirs2[@]}" && [ "$(left)" -gt 90 ]; then
-    log "eval phase 2: ${#P2[@]} processes"; phase "${P2[@]}"; log "phase 2 ended"
+  run_phase "" "$LENGTHS" "$WANT" "${P2[@]}"
+}
+
+# 5. Held-out templates (eval --paraphrase): full, the seed-1 routers and one random draw at the same Omega, on the
+# same tasks asked in other words (folders eval_para_*; rows carry templates=paraphrase); and the sweep routers.
+if [ -s $X/omega_matched.txt ]; then
+  OMEGA=$(cat $X/omega_matched.txt)
+  s1=${SEEDS%% *}
+  run_phase para_ "$LENGTHS" "$WANT" "full|--paraphrase --methods full" \
+    "adaptive_s$s1|--paraphrase --methods none --router $X/adaptive_s$s1.safetensors" \
+    "static_s$s1|--paraphrase --methods none --router $X/static_s$s1.safetensors" \
+    "random_1|--paraphrase --methods random@$OMEGA:1"
+  for p in "${sweep_pids[@]}"; do wait $p; done
+  PS=()
+  IFS=';' read -ra SW <<< "$SWEEPS"
+  for spec in "${SW[@]}"; do
+    n=sweep_${spec%%|*}
+    [ -s $X/$n.safetensors ] && PS+=("$n|--methods none --router $X/$n.safetensors")
+  done
+  [ ${#PS[@]} -gt 0 ] && run_phase "" "$LENGTHS" "$WANT" "${PS[@]}"
+fi
+
+# 6. A longer prompt length: the probe there, full and the routers, then the controls at the Omega measured there.
+if [ -n "$LONG" ] && [ -s $X/omega_matched.txt ] && [ "$(left)" -gt 120 ]; then
+  WL=$(( NT * SAMPLES ))
+  probe_at "$LONG"
+  if run_phase "L${LONG}_" "$LONG" "$WL" "${P1[@]}"; then
+    OL=$(measure_omega "$X/eval_L${LONG}_adaptive_s*/results.jsonl" $X/omega_matched_$LONG.txt)
+    log "matched Omega_MSR at $LONG: $OL"
+    P4=("ssa|--methods ssa" "static_task|--methods static@$OL --scores $X/heads_task_$LONG.json")
+    for r in $(seq 1 "$RANDOM_DRAWS"); do P4+=("random_$r|--methods random@$OL:$r"); done
+    run_phase "L${LONG}_" "$LONG" "$WL" "${P4[@]}"
   fi
 fi
 
-# 6. Held-out templates (eval --paraphrase), if time is left: full, the seed-1 routers and one random draw at the
-# same Omega, on the same tasks asked in other words. Folders eval_para_*; their rows carry templates=paraphrase.
-if [ -s $X/omega_matched.txt ] && [ "$(left)" -gt 150 ]; then
-  OMEGA=$(cat $X/omega_matched.txt)
-  s1=${SEEDS%% *}
-  log "eval phase 3 (paraphrased templates)"
-  phase "para_full|--paraphrase --methods full" \
-        "para_adaptive_s$s1|--paraphrase --methods none --router $X/adaptive_s$s1.safetensors" \
-        "para_static_s$s1|--paraphrase --methods none --router $X/static_s$s1.safetensors" \
-        "para_random_1|--paraphrase --methods random@$OMEGA:1"
-  log "phase 3 ended"
+# 7. Every GPU test (validation of code not yet run on a GPU), if time is left.
+if [ "$DEVICE" = cuda ] && [ ! -f $X/tests.ok ] && [ "$(left)" -gt 150 ]; then
+  log "GPU tests"
+  timeout $(( $(left) - 30 )) $C/elastic_gpu_tests 2>&1 | tail -n 30 > $X/tests.log
+  grep -q "PASSED" $X/tests.log && touch $X/tests.ok
+  tail -n 8 $X/tests.log
 fi
 
 # What comes back: every finished sample, its method named after its folder (adaptive_s1, static_s2, random_3,
@@ -175,18 +220,20 @@ import glob, gzip, json, os, sys
 with gzip.open(sys.argv[2], "wt") as out:
     for d in sorted(glob.glob(sys.argv[1] + "/eval_*/")):
         tag = os.path.basename(d.rstrip("/"))[len("eval_"):]
+        if tag.startswith("L") and "_" in tag and tag[1:tag.index("_")].isdigit():
+            tag = tag[tag.index("_") + 1:]  # eval_L4096_full: rows carry their length
         for l in open(d + "results.jsonl"):
             try: r = json.loads(l)
             except ValueError: continue
             r["eval_method"], r["method"] = r["method"], tag  # static@<omega> of two probes would collide
             out.write(json.dumps(r, sort_keys=True) + "\n")
 EOF
-tar czf "$O/train_logs.tgz" $X/train_*.jsonl $X/train_*.log $X/heads_task.json $X/omega_matched.txt $X/tests.log \
-  $X/eval_*.log 2>/dev/null
+tar czf "$O/train_logs.tgz" $X/train_*.jsonl $X/train_*.log $X/heads_task_*.json $X/omega_matched*.txt $X/tests.log \
+  $X/probe_*.log $X/eval_*.log 2>/dev/null
 python3 scripts/controls_report.py "$O/results.jsonl.gz" --out $X/report 2>&1 | tail -n 80
 tar czf "$O/report.tgz" -C $X report
-# The first adaptive router comes back too (the device keeps nothing): the candidate to ship under routers/.
+# The adaptive and sweep routers come back too (the device keeps nothing): the candidates to ship under routers/.
 s1=${SEEDS%% *}
-[ -s $X/adaptive_s$s1.safetensors ] && cp $X/adaptive_s$s1.safetensors "$O/router_adaptive_s$s1.safetensors"
+for f in $X/adaptive_s*.safetensors $X/sweep_*.safetensors; do [ -s "$f" ] && cp "$f" "$O/router_$(basename "$f")"; done
 for f in $X/eval_*/results.jsonl; do echo "$f: $(grep -c . "$f")"; done
 ls -la "$O"

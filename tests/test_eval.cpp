@@ -138,6 +138,8 @@ TEST_F(EvalRun, EndToEndWritesTableJsonAndSvgs) {
     const double want = double(kept_kv_positions(used, r.length)) / (4.0 * r.length);
     EXPECT_NEAR(r.kv, want, 1e-12) << line;
     if (r.method != "full") EXPECT_LT(r.kv, 1.0);
+    // Each row names its split, so a reader of results.jsonl never needs the training mix's list.
+    EXPECT_EQ(nlohmann::json::parse(line).at("split"), task_split(r.task)) << line;
   }
   write_report(s, dir);
   const std::string md = read_file(dir + "/results.md");

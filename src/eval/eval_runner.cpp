@@ -180,7 +180,7 @@ std::string SampleResult::key() const {
 }
 
 json SampleResult::to_json() const {
-  json j = {{"method", method},   {"task", task},     {"class", task_class}, {"metric", metric},
+  json j = {{"method", method},   {"task", task},     {"split", task_split(task)}, {"class", task_class}, {"metric", metric},
             {"length", length},   {"sample", sample}, {"score", score},      {"msr", msr},
             {"esr", esr},         {"flops", flops},   {"kv", kv},            {"wall_s", wall_s},
             {"prefill_s", prefill_s},
