@@ -147,7 +147,8 @@ def svg_headmap(path, title, share, L, H):
 
 
 COLORS = {"full": "#000000", "adaptive": "#d62728", "learned-static": "#1f77b4", "random": "#7f7f7f",
-          "static-task-probe": "#2ca02c", "static-classic-probe": "#98df8a", "ssa": "#9467bd"}
+          "static-task-probe": "#2ca02c", "static-classic-probe": "#98df8a", "ssa": "#9467bd", "sweep-pool400": "#ff7f0e", "sweep-mlr1e-2": "#e377c2",
+          "sweep-mlr1e-2-static": "#17becf"}
 
 
 def analyze(rows, a, rng, prefix, title):
