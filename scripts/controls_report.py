@@ -36,10 +36,16 @@ GROUPS = [  # (group, member prefix, description)
     ("sweep-pool400", "sweep_pool400", "adaptive, seed 1, pooling window 400 tokens at each end (not 100)"),
     ("sweep-mlr1e-2", "sweep_mlr1e-2", "adaptive, seed 1, multiplier lr 1e-2 (run 3's) instead of 1e-3"),
     ("sweep-mlr1e-2-static", "sweep_mlr1e-2static", "learned-static twin of sweep-mlr1e-2"),
+    ("sweep-tauexp", "sweep_tauexp", "adaptive, seed 1, exponential temperature schedule (not cosine)"),
+    ("sweep-tauexp-static", "sweep_tauexpstatic", "learned-static twin of sweep-tauexp"),
+    ("sweep-len4k", "sweep_len4k", "adaptive, seed 1, trained on 1K, 2K and 4K prompts (not 1K)"),
+    ("sweep-len4k-static", "sweep_len4kstatic", "learned-static twin of sweep-len4k"),
 ]
 SWEEPS = [  # (sweep group, its learned-static control: a group or a member, what the sweep changes)
     ("sweep-pool400", "static_s1", "pooling window 400 (the head-identity control ignores pooling)"),
     ("sweep-mlr1e-2", "sweep-mlr1e-2-static", "multiplier lr 1e-2, against its own learned-static twin"),
+    ("sweep-tauexp", "sweep-tauexp-static", "exponential temperature schedule, against its twin"),
+    ("sweep-len4k", "sweep-len4k-static", "training prompts of 1K-4K, against its twin"),
 ]
 
 
@@ -148,7 +154,8 @@ def svg_headmap(path, title, share, L, H):
 
 COLORS = {"full": "#000000", "adaptive": "#d62728", "learned-static": "#1f77b4", "random": "#7f7f7f",
           "static-task-probe": "#2ca02c", "static-classic-probe": "#98df8a", "ssa": "#9467bd", "sweep-pool400": "#ff7f0e", "sweep-mlr1e-2": "#e377c2",
-          "sweep-mlr1e-2-static": "#17becf"}
+          "sweep-mlr1e-2-static": "#17becf", "sweep-tauexp": "#bcbd22", "sweep-tauexp-static": "#8c564b",
+          "sweep-len4k": "#ff9896", "sweep-len4k-static": "#c5b0d5"}
 
 
 def analyze(rows, a, rng, prefix, title):
@@ -294,9 +301,13 @@ def analyze(rows, a, rng, prefix, title):
             svg_headmap(os.path.join(a.out, name), f"{m}, {t}: share of prompts keeping each head full", share, L, H)
         lines.append(f"Head maps per task: {prefix}headmap_{m}_<task>.svg")
 
-    # 6. Pareto plots: every member, score against attention FLOPs and against KV kept, per kind of task.
-    for kd in ("accuracy", "likelihood"):
-        ks = [k for k in keys if kind_of(by_method["full"][k]) == kd]
+    # 6. Pareto plots: every member, score against attention FLOPs and against KV kept, per kind of task and per task
+    # class (a class holds one kind: retrieval and qa are accuracy tasks, the robust classes likelihood ones).
+    facets = [(kd, f"{kd} tasks", lambda k, kd=kd: kind_of(by_method["full"][k]) == kd) for kd in ("accuracy", "likelihood")]
+    for c in sorted({by_method["full"][k]["class"] for k in keys}):
+        facets.append((f"class_{c}", f"class {c}", lambda k, c=c: by_method["full"][k]["class"] == c))
+    for kd, label, keep in facets:
+        ks = [k for k in keys if keep(k)]
         if not ks:
             continue
         for field, xlabel in (("flops", "attention FLOPs vs full"), ("kv", "KV memory vs full")):
@@ -309,7 +320,7 @@ def analyze(rows, a, rng, prefix, title):
                     pts.append((f"{g} {m}", mean(xs), mean([by_method[m][k]["score"] for k in ks]), COLORS[g]))
             if pts:
                 name = f"{prefix}pareto_{kd}_{field}.svg"
-                svg_scatter(os.path.join(a.out, name), f"{kd} tasks: score vs {xlabel}", xlabel, "score", pts)
+                svg_scatter(os.path.join(a.out, name), f"{label}: score vs {xlabel}", xlabel, "score", pts)
                 lines.append(f"\n![{kd} vs {field}]({name})")
     return lines
 

@@ -40,13 +40,14 @@ LR=${LR:-5e-4}
 MLR=${MLR:-1e-3}  # the method's multiplier lr (run 3 used 1e-2)
 SEEDS=${SEEDS:-1 2 3}
 LENGTHS=${LENGTHS:-1024}
-LONG=${LONG:-4096}  # a second eval length for phase 6 ("" = none)
+LONG=${LONG-4096}  # a second eval length for phase 6 (LONG= : none)
 SAMPLES=${SAMPLES:-50}
 TASKS=${TASKS:-niah_single_2,niah_multikey_1,qa_1,sum_recap,code_continue,continue_text,niah_single_3,niah_multivalue,qa_2}
 # Sweeps (what changes the picture), "name|train-router flags" beyond the shared ones, seed 1: the pooling window (the
-# router sees only the first and last 100 tokens) and run 3's multiplier lr 1e-2. A pool sweep's control is static_s1
-# (the head-identity input ignores pooling); the lr sweep trains its own learned-static twin.
-SWEEPS=${SWEEPS:-"pool400|--router-input pooled --multiplier-lr $MLR --pool 400;mlr1e-2|--router-input pooled --multiplier-lr 1e-2;mlr1e-2static|--router-input head-identity --multiplier-lr 1e-2"}
+# router sees only the first and last 100 tokens), run 3's multiplier lr 1e-2 (with its own learned-static twin), the
+# temperature schedule, and the training length (1K-4K prompts; --max-len in a sweep replaces MAXLEN). A sweep that
+# leaves the head-identity input's training unchanged (pooling) is paired with static_s1; the others with a twin.
+SWEEPS=${SWEEPS-"pool400|--router-input pooled --multiplier-lr $MLR --pool 400;mlr1e-2|--router-input pooled --multiplier-lr 1e-2;mlr1e-2static|--router-input head-identity --multiplier-lr 1e-2;tauexp|--router-input pooled --multiplier-lr $MLR --tau-schedule exp;tauexpstatic|--router-input head-identity --multiplier-lr $MLR --tau-schedule exp;len4k|--router-input pooled --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160;len4kstatic|--router-input head-identity --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160"}
 RANDOM_DRAWS=${RANDOM_DRAWS:-5}
 PROBE_PROMPTS=${PROBE_PROMPTS:-50}
 BUDGET=${BUDGET:-560}
@@ -69,8 +70,10 @@ probe_at() {  # $1 = length; writes $X/heads_task_$1.json
 train() {  # $1 = name, rest = train-router flags beyond the shared ones
   local name=$1; shift
   [ -s $X/$name.safetensors ] && return 0
+  local maxlen=(--max-len "$MAXLEN")
+  [[ " $* " == *" --max-len "* ]] && maxlen=()  # the sweep sets its own
   timeout $(( $(left) - 10 )) $C/elastic train-router -m "$M" --device "$DEVICE" --steps "$STEPS" --batch "$BATCH" \
-    --max-len "$MAXLEN" --builtin-samples 800 $SPARSE --lr "$LR" "$@" -o $X/$name.safetensors.tmp \
+    "${maxlen[@]}" --builtin-samples 800 $SPARSE --lr "$LR" "$@" -o $X/$name.safetensors.tmp \
     --log $X/train_$name.jsonl -t 2 > $X/train_$name.log 2>&1 && mv $X/$name.safetensors.tmp $X/$name.safetensors
 }
 main_ok() { local s; for s in $SEEDS; do [ -s $X/adaptive_s$s.safetensors ] && [ -s $X/static_s$s.safetensors ] || return 1; done; }

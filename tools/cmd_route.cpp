@@ -48,7 +48,7 @@ void add_route_command(CLI::App& app, Commands& cmds) {
     bool no_chat = false;
   };
   auto f = std::make_shared<FOpts>();
-  auto* fe = rt->add_subcommand("features", "Task separation of a router's input and task MLP, per layer (cosines)");
+  auto* fe = rt->add_subcommand("features", "Task separation of a router's input and task MLP, per layer (cosines, centred cosines, task share of variance)");
   add_model_option(fe, f->model);
   fe->add_option("--router", f->router, "Trained router file")->required();
   fe->add_option("--tasks", f->tasks, "Comma list of tasks (each a group)")->delimiter(',');
@@ -60,7 +60,7 @@ void add_route_command(CLI::App& app, Commands& cmds) {
   fe->add_option("--tokenizer", f->tok, "tokenizer.json (default: the model folder's)");
   fe->add_flag("--no-chat", f->no_chat, "Do not apply the model's chat template");
   add_threads_option(fe, f->threads);
-  fe->add_option("-o,--output", f->out, "Markdown table (and <output without .md>.svg, the gap per layer)");
+  fe->add_option("-o,--output", f->out, "Markdown table (and <output without .md>.svg, the task share of variance per layer)");
   cmds.push_back({fe, [f] {
     resolve_model(f->model, "route features");
     set_threads(f->threads);
