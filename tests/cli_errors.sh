@@ -88,6 +88,9 @@ expect_fail "--log2-x needs x > 0" $BIN plot $TMP/zero.csv -o $TMP/z.svg --y-lab
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
 expect_fail "--attn-kernel" $BIN bench --device cuda --attn-kernel fastest
 expect_fail "--text needs -m" $BIN bench --text /etc/hostname -c 128
+expect_fail "--density counts blocks on the CPU" $BIN bench --device cuda --density $TMP/d.md -c 128
+$BIN bench -c 256 --modes full,xattn -r 1 --density $TMP/dens.md >/dev/null 2>&1 && grep -q "heads select blocks" $TMP/dens.md &&
+  [ -s $TMP/dens_xattn_256.svg ] && [ ! -e $TMP/dens_full_256.svg ] || { echo "FAIL: bench --density"; fails=$((fails+1)); }
 expect_fail "no tokenizer.json" $BIN bench -m $FX/qwen3_tiny --text /etc/hostname -c 128
 echo "a short prompt" > $TMP/short.txt
 [ ! -f "$SRC/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] ||

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "elastic/density_report.h"
 #include "elastic/generate.h"
 #include "elastic/model.h"
 #include "elastic/npy.h"
@@ -159,6 +160,59 @@ TEST_P(Fixture, XAttnChunksMustBeWholeBlocks) {
   m.prefill(ids.data(), ids.size(), ids.size(), b, one, true);  // one chunk: any size
   m.prefill(ids.data(), ids.size(), 64, c, whole, true);
   EXPECT_LT(rel_err(whole, one), 1e-5);
+}
+
+// Per-layer block counts (bench --density): the run's figures are unchanged by counting them; the last layer's counts
+// are the ESR's; a full head skips nothing, a streaming head skips what its rule gives (routed_prefill_stats over an
+// all-streaming table), and an XAttention head keeps a share in (0, 1] that the density report carries, with no
+// figure for the other heads.
+TEST_P(Fixture, PerLayerBlockCountsGiveXAttnDensity) {
+  Model m = Model::load(dir());
+  const ModelConfig& c = m.config;
+  std::vector<int32_t> ids(320);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 131 + 7) % c.vocab;
+  RoutingTable r = RoutingTable::uniform(c.n_layers, c.n_kv_heads, HeadMode::XAttn);
+  r.sparse.sink = 0;
+  r.sparse.local = 64;
+  r.mode[0] = HeadMode::Full;
+  r.mode[1] = HeadMode::Streaming;
+  auto run = [&](bool per_layer) {
+    KVCache cache;
+    cache.init(c, ids.size(), &r);
+    AttentionStats st;
+    st.per_layer = per_layer;
+    std::vector<float> lg;
+    m.prefill(ids.data(), ids.size(), 128, cache, lg, false, &st, &r);
+    return st;
+  };
+  const AttentionStats plain = run(false), counted = run(true);
+  EXPECT_DOUBLE_EQ(counted.pairs_done, plain.pairs_done);
+  EXPECT_DOUBLE_EQ(counted.esr(), plain.esr());
+  EXPECT_TRUE(plain.layer_blocks_causal.empty());
+  const size_t H = c.n_kv_heads, L = c.n_layers;
+  ASSERT_EQ(counted.layer_blocks_causal.size(), L * H);
+  for (size_t h = 0; h < H; ++h) {
+    EXPECT_DOUBLE_EQ(counted.layer_blocks_skipped[(L - 1) * H + h], counted.blocks_skipped[h]);
+    EXPECT_DOUBLE_EQ(counted.layer_blocks_causal[(L - 1) * H + h], counted.blocks_causal[h]);
+  }
+  EXPECT_EQ(counted.layer_blocks_skipped[0], 0.0);  // the full head
+  RoutingTable ssa = RoutingTable::uniform(c.n_layers, c.n_kv_heads, HeadMode::Streaming);
+  ssa.sparse = r.sparse;
+  const AttentionStats rule = routed_prefill_stats(ssa, static_cast<int>(ids.size()));
+  EXPECT_NEAR(counted.layer_blocks_skipped[1], rule.blocks_skipped[0], 1e-9);
+  EXPECT_NEAR(counted.layer_blocks_causal[1], rule.blocks_causal[0], 1e-9);
+  const HeadDensity d = selected_head_density(counted, r);
+  EXPECT_EQ(d.heads(), static_cast<int>(L * H) - 2);
+  EXPECT_TRUE(std::isnan(d.kept[0]) && std::isnan(d.kept[1]));
+  for (size_t i = 2; i < d.kept.size(); ++i) {
+    EXPECT_GT(d.kept[i], 0.0) << i;
+    EXPECT_LE(d.kept[i], 1.0) << i;
+  }
+  const std::string md = head_density_markdown(d);
+  EXPECT_NE(md.find(std::to_string(L * H - 2) + " heads select blocks"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 0 | "), std::string::npos);
+  EXPECT_NE(md.find("| " + std::to_string(L - 1) + " | "), std::string::npos);
+  EXPECT_THROW(selected_head_density(plain, r), std::invalid_argument);  // counts not kept
 }
 
 TEST_P(Fixture, HybridCacheDecodesLikeFullCache) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -14,9 +15,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
-#include "elastic/sparse_pattern.h"
+#include "elastic/density_report.h"
+#include "elastic/heatmap_svg.h"
 #include "elastic/model_shapes.h"
+#include "elastic/output_file.h"
 #include "elastic/plot_svg.h"
+#include "elastic/sparse_pattern.h"
 #include "elastic/text_file.h"
 #include "elastic/tokenizer.h"
 #ifdef ELASTIC_HAVE_CUDA
@@ -146,7 +150,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     std::string model, shape = "tiny", ctx = "512,1024", modes = "full,ssa,xattn,hybrid@0.5,hybrid@0.7,hybrid@0.9",
                        out = "md";
     int layers = 0, vocab = 0, reps = 3, threads = 0, chunk = 16384, decode = 32;
-    std::string device = "cpu", attn_kernel, plot, text;
+    std::string device = "cpu", attn_kernel, plot, text, density;
     uint64_t seed = 0;
     SparseSettings sparse;
   };
@@ -165,6 +169,10 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   add_sparse_options(sub, o->sparse);
   sub->add_option("--seed", o->seed, "Seed (weights, prompts, hybrid routings)");
   // Real text instead of random ids: what XAttention keeps depends on how peaked real attention is.
+  sub->add_option("--density", o->density,
+                  "CPU: per (layer, KV head) share of key blocks XAttention heads kept in each row's last prefill, as "
+                  "Markdown in this file and a heat map per row beside it (<file without .md>_<mode>_<T>.svg); "
+                  "with --text, what real attention keeps");
   sub->add_option("--text", o->text,
                   "Prompt text file, tokenized with -m's tokenizer; each row runs its first T tokens (default: random "
                   "token ids)");
@@ -188,6 +196,9 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     const std::vector<std::string> modes = split(o->modes);
     if (ctxs.empty() || modes.empty()) throw std::runtime_error("bench: give at least one context and one mode");
     const bool gpu = o->device == "cuda";
+    if (!o->density.empty() && gpu)
+      throw std::runtime_error("bench: --density counts blocks on the CPU reference (the GPU kernels do not count "
+                               "them); run it with --device cpu");
     if (!o->attn_kernel.empty()) {
       if (!gpu) throw std::runtime_error("bench: --attn-kernel needs --device cuda");
       std::fprintf(stderr, "bench: attention kernel %s\n", o->attn_kernel.c_str());
@@ -245,6 +256,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     }
 #endif
     for (const std::string& mode : modes) (void)routing_for(mode, m.config, o->sparse, o->seed);  // fail fast
+    std::string density_md;  // --density: one section per row with selecting heads
     std::vector<Row> rows;
     std::mt19937_64 rng(o->seed);
     const int total = static_cast<int>(ctxs.size() * modes.size());
@@ -291,6 +303,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
           KVCache cache;
           cache.init(m.config, T, &r);
           AttentionStats st;
+          st.per_layer = !o->density.empty() && rep == o->reps - 1;  // counted once, on the last repeat
           std::vector<float> logits;
           const auto a = std::chrono::steady_clock::now();
           m.prefill(ids.data(), T, o->chunk, cache, logits, false, &st, &r);
@@ -299,6 +312,19 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
           attn_ms.push_back(st.seconds * 1e3);
           last = st;
           flops = last.flops_ratio();
+        }
+        if (!o->density.empty() && !gpu) {
+          const HeadDensity d = selected_head_density(last, r);
+          if (d.heads() > 0) {
+            std::string svg = o->density;
+            if (svg.size() > 3 && svg.compare(svg.size() - 3, 3, ".md") == 0) svg.resize(svg.size() - 3);
+            svg += "_" + mode + "_" + std::to_string(T) + ".svg";
+            write_heatmap_svg(svg, d.kept, d.n_layers, d.n_kv_heads,
+                              mode + ", " + std::to_string(T) + " tokens: share of key blocks kept", "layer",
+                              "KV head");
+            density_md += "## " + mode + ", " + std::to_string(T) + " tokens\n\n" + head_density_markdown(d) +
+                          "\nHeat map: `" + std::filesystem::path(svg).filename().string() + "`\n\n";
+          }
         }
         Row row;
         row.model = name;
@@ -322,6 +348,16 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     }
     std::fprintf(stderr, "\n");
     if (!o->plot.empty()) write_plots(rows, modes, o->plot, name, o->device);
+    if (!o->density.empty()) {
+      write_text_file(o->density,
+                      "# Blocks XAttention keeps per (layer, KV head)\n\n" + name + (o->text.empty() ? ", random token ids" : ", the first T tokens of " + o->text) +
+                          "; block " + std::to_string(o->sparse.block) + ", stride " + std::to_string(o->sparse.xattn.stride) +
+                          ", tau " + std::to_string(o->sparse.xattn.tau).substr(0, 4) + ", prefill chunk " + std::to_string(o->chunk) +
+                          ". Kept share = computed / causal key blocks of the head's query blocks (CPU reference).\n\n" +
+                          (density_md.empty() ? "No row ran a head that selects blocks (use --modes xattn or hybrid-xa@...).\n" : density_md),
+                      "bench --density");
+      std::fprintf(stderr, "wrote %s\n", o->density.c_str());
+    }
     if (o->out == "json") {
       nlohmann::json j = nlohmann::json::array();
       for (const Row& r : rows)

@@ -54,8 +54,15 @@ struct AttentionStats {
   double pairs_done = 0, pairs_full = 0;
   double seconds = 0;  // wall time spent in attention_forward (selection included)
   std::vector<double> blocks_skipped, blocks_causal;  // per KV head of the last layer, weighted by rows done
+  // Set by the caller before a run: every layer's counts too, in layer_blocks_* [n_layers * Hkv] (layer-major).
+  // What XAttention keeps on real prompts, per (layer, head): `bench --density`.
+  bool per_layer = false;
+  std::vector<double> layer_blocks_skipped, layer_blocks_causal;
   double flops_ratio() const { return pairs_full > 0 ? pairs_done / pairs_full : 1.0; }
   double esr() const;  // Omega_ESR: mean over heads of skipped / causal key blocks
+  // Adds one layer's run (its own stats, with blocks tracked) into these: pairs and time always, the layer's block
+  // counts into layer_blocks_* when per_layer, and into blocks_* when it is the last layer (the ESR's layer).
+  void add_layer(int layer, int n_layers, const AttentionStats& one);
 };
 
 // The prefill of T tokens under a routing without running it: attention pairs done vs full and the last layer's

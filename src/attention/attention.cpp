@@ -239,6 +239,30 @@ void attention_forward(const AttentionArgs& a) {
 
 namespace elastic {
 
+void AttentionStats::add_layer(int layer, int n_layers, const AttentionStats& one) {
+  pairs_done += one.pairs_done;
+  pairs_full += one.pairs_full;
+  seconds += one.seconds;
+  const size_t H = one.blocks_causal.size();
+  if (H == 0) return;
+  auto add = [](std::vector<double>& to, const std::vector<double>& from, size_t at) {
+    for (size_t h = 0; h < from.size(); ++h) to[at + h] += from[h];
+  };
+  if (per_layer) {
+    if (layer_blocks_causal.size() != static_cast<size_t>(n_layers) * H) {
+      layer_blocks_skipped.assign(static_cast<size_t>(n_layers) * H, 0.0);
+      layer_blocks_causal.assign(static_cast<size_t>(n_layers) * H, 0.0);
+    }
+    add(layer_blocks_skipped, one.blocks_skipped, static_cast<size_t>(layer) * H);
+    add(layer_blocks_causal, one.blocks_causal, static_cast<size_t>(layer) * H);
+  }
+  if (layer == n_layers - 1) {
+    if (blocks_causal.size() != H) blocks_skipped.assign(H, 0.0), blocks_causal.assign(H, 0.0);
+    add(blocks_skipped, one.blocks_skipped, 0);
+    add(blocks_causal, one.blocks_causal, 0);
+  }
+}
+
 int64_t kept_kv_positions(const RoutingTable& r, int n_pos) {
   std::vector<int64_t> per_mode(n_sparse_patterns(), -1);  // one head's count: the same for every head of a mode
   int64_t total = 0;

@@ -44,7 +44,15 @@ void cached_attention(const ModelConfig& c, int l, const float* q, const float* 
   a.track_esr = stats && l == c.n_layers - 1;
   a.prefill = prefill || T > 1;
   a.last_row_probs = last_row_probs;
-  attention_forward(a);
+  if (stats && stats->per_layer) {
+    AttentionStats one;  // this layer's counts, then added at their (layer, head) place
+    a.stats = &one;
+    a.track_esr = true;
+    attention_forward(a);
+    stats->add_layer(l, c.n_layers, one);
+  } else {
+    attention_forward(a);
+  }
   // Append after attention (a streaming head's ring may reuse slots read above).
   for (int kh = 0; kh < Hkv; ++kh) {
     const size_t ci = static_cast<size_t>(l) * Hkv + kh;

@@ -1,0 +1,26 @@
+#pragma once
+// What a block-sparse pattern with an estimator (XAttention) keeps on a real prompt, per (layer, KV head): the share
+// of causal key blocks its selection computed. Random Q/K make XAttention keep ~89% of blocks; real attention is more
+// peaked, so the speed XAttention can reach depends on this figure (`elastic bench --density`, CPU reference).
+#include <string>
+#include <vector>
+
+#include "elastic/attention.h"
+
+namespace elastic {
+
+struct HeadDensity {
+  int n_layers = 0, n_kv_heads = 0;
+  std::vector<double> kept;  // [L * Hkv]: kept / causal blocks for heads whose pattern selects; NaN for the others
+  int heads() const;         // how many heads have a figure
+  double mean() const;       // over the heads that have one (NaN when none)
+};
+
+// From a prefill's per-layer counts (AttentionStats::per_layer set before the run) under routing r. Throws
+// std::invalid_argument when the counts are missing or do not match r's shape.
+HeadDensity selected_head_density(const AttentionStats& st, const RoutingTable& r);
+
+// Markdown: a summary line (heads, mean, quantiles, least and most kept) and one row per layer (each head's share).
+std::string head_density_markdown(const HeadDensity& d);
+
+}  // namespace elastic
