@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "model/cached_attention.h"
+#include "model/cpu_layer.h"
 #include "model/ops.h"
 
 namespace elastic {
@@ -60,52 +61,35 @@ void decode_batch(const Model& m, const std::vector<DecodeSlot>& slots, std::vec
   logits.clear();
   if (B == 0) return;
   check_slots(m, slots);
-  const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, F = c.intermediate, V = c.vocab;
+  const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, V = c.vocab;
   const ModelWeights& W = m.weights;
 
-  // Row b of every activation belongs to slot b (one new position each).
-  std::vector<float> x(static_cast<size_t>(B) * D), h(x.size()), q(static_cast<size_t>(B) * Hq * hd),
-      k(static_cast<size_t>(B) * Hkv * hd), v(k.size()), att(q.size()), o(x.size()), g(static_cast<size_t>(B) * F),
-      u(g.size());
+  // Row b of every activation belongs to slot b (one new position each); products row by row, so a row's bits do not
+  // depend on the batch.
+  std::vector<float> x(static_cast<size_t>(B) * D);
+  cpu::LayerActs w(c, B);
   for (int b = 0; b < B; ++b)
     W.embed.rows_to_f32(slots[b].token, 1, x.data() + static_cast<size_t>(b) * D);
 
   for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& L = W.layers[l];
-    rmsnorm_rows(x.data(), L.attn_norm.data(), h.data(), B, D, c.rms_eps);
-    linear_rowwise(h.data(), L.wq, L.bq, q.data(), B);
-    linear_rowwise(h.data(), L.wk, L.bk, k.data(), B);
-    linear_rowwise(h.data(), L.wv, L.bv, v.data(), B);
-    if (c.qk_norm) {
-      rmsnorm_rows(q.data(), L.q_norm.data(), q.data(), B * Hq, hd, c.rms_eps);
-      rmsnorm_rows(k.data(), L.k_norm.data(), k.data(), B * Hkv, hd, c.rms_eps);
-    }
+    cpu::layer_qkv(m, l, x.data(), B, w, cpu::Products::RowWise);
     for (int b = 0; b < B; ++b) {
       const int pos0 = slots[b].cache->length;
-      float* qb = q.data() + static_cast<size_t>(b) * Hq * hd;
-      float* kb = k.data() + static_cast<size_t>(b) * Hkv * hd;
-      const float* vb = v.data() + static_cast<size_t>(b) * Hkv * hd;
+      float* qb = w.q.data() + static_cast<size_t>(b) * Hq * hd;
+      float* kb = w.k.data() + static_cast<size_t>(b) * Hkv * hd;
+      const float* vb = w.v.data() + static_cast<size_t>(b) * Hkv * hd;
       apply_rope(qb, 1, Hq, hd, pos0, m.rope_inv_freq);  // each row at its own sequence's position
       apply_rope(kb, 1, Hkv, hd, pos0, m.rope_inv_freq);
       cached_attention(c, l, qb, kb, vb, 1, pos0, *slots[b].cache, slot_routing(m, slots[b]),
-                       att.data() + static_cast<size_t>(b) * Hq * hd, slots[b].stats, nullptr, false);
+                       w.att.data() + static_cast<size_t>(b) * Hq * hd, slots[b].stats, nullptr, false);
     }
-    linear_rowwise(att.data(), L.wo, {}, o.data(), B);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-
-    rmsnorm_rows(x.data(), L.mlp_norm.data(), h.data(), B, D, c.rms_eps);
-    linear_rowwise(h.data(), L.w_gate, {}, g.data(), B);
-    linear_rowwise(h.data(), L.w_up, {}, u.data(), B);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SwiGLU
-    linear_rowwise(g.data(), L.w_down, {}, o.data(), B);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+    cpu::layer_out_mlp(m, l, x.data(), B, w, cpu::Products::RowWise);
   }
   for (const DecodeSlot& s : slots) s.cache->length += 1;
 
-  rmsnorm_rows(x.data(), W.final_norm.data(), h.data(), B, D, c.rms_eps);
+  rmsnorm_rows(x.data(), W.final_norm.data(), w.h.data(), B, D, c.rms_eps);
   logits.resize(static_cast<size_t>(B) * V);
-  linear_rowwise(h.data(), W.head(), {}, logits.data(), B);
+  linear_rowwise(w.h.data(), W.head(), {}, logits.data(), B);
 }
 
 }  // namespace elastic

@@ -2,6 +2,7 @@
 #include "elastic/model.h"
 
 #include "model/cached_attention.h"
+#include "model/cpu_layer.h"
 #include "model/ops.h"
 
 #include <algorithm>
@@ -34,14 +35,7 @@ Model Model::load(const std::string& model_dir) {
 
 namespace {
 
-// Activation plan of one call of T rows: normed h, q/k/v, attention out, projection out, MLP gate/up.
-struct Work {
-  std::vector<float> h, q, k, v, att, o, g, u;
-  Work(const ModelConfig& c, int T)
-      : h(static_cast<size_t>(T) * c.hidden), q(static_cast<size_t>(T) * c.n_heads * c.head_dim),
-        k(static_cast<size_t>(T) * c.n_kv_heads * c.head_dim), v(k.size()), att(q.size()), o(h.size()),
-        g(static_cast<size_t>(T) * c.intermediate), u(g.size()) {}
-};
+using Work = cpu::LayerActs;
 
 void check_routing_shape(const RoutingTable& r, const ModelConfig& c) {
   if (r.n_layers != c.n_layers || r.n_kv_heads != c.n_kv_heads ||
@@ -58,23 +52,14 @@ void check_ids(const int32_t* ids, int T, int V) {
                                " is outside the vocabulary [0, " + std::to_string(V) + ")");
 }
 
-// q/k/v of T rows of the residual x [T, D] at layer l: projections, q/k norms; RoPE at positions pos0 + t
-// unless `rope` is false (the router reads keys before RoPE).
+// q/k/v of T rows of the residual x [T, D] at layer l, RoPE'd at positions pos0 + t unless `rope` is false (the
+// router reads keys before RoPE).
 void qkv(const Model& m, int l, const float* x, int T, int pos0, Work& w, bool rope) {
   const ModelConfig& c = m.config;
-  const LayerWeights& L = m.weights.layers[l];
-  const int D = c.hidden, hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads;
-  rmsnorm_rows(x, L.attn_norm.data(), w.h.data(), T, D, c.rms_eps);
-  linear(w.h.data(), L.wq, L.bq, w.q.data(), T);
-  linear(w.h.data(), L.wk, L.bk, w.k.data(), T);
-  linear(w.h.data(), L.wv, L.bv, w.v.data(), T);
-  if (c.qk_norm) {
-    rmsnorm_rows(w.q.data(), L.q_norm.data(), w.q.data(), T * Hq, hd, c.rms_eps);
-    rmsnorm_rows(w.k.data(), L.k_norm.data(), w.k.data(), T * Hkv, hd, c.rms_eps);
-  }
+  cpu::layer_qkv(m, l, x, T, w);
   if (rope) {
-    apply_rope(w.q.data(), T, Hq, hd, pos0, m.rope_inv_freq);
-    apply_rope(w.k.data(), T, Hkv, hd, pos0, m.rope_inv_freq);
+    apply_rope(w.q.data(), T, c.n_heads, c.head_dim, pos0, m.rope_inv_freq);
+    apply_rope(w.k.data(), T, c.n_kv_heads, c.head_dim, pos0, m.rope_inv_freq);
   }
 }
 
@@ -82,24 +67,10 @@ void qkv(const Model& m, int l, const float* x, int T, int pos0, Work& w, bool r
 // the fresh keys/values to the cache, then the MLP. x is updated in place.
 void layer_step(const Model& m, int l, float* x, int T, int pos0, KVCache& cache, const RoutingTable& routing,
                 Work& w, AttentionStats* stats, float* last_row_probs, bool prefill) {
-  const ModelConfig& c = m.config;
-  const LayerWeights& L = m.weights.layers[l];
-  const int D = c.hidden, F = c.intermediate;
   qkv(m, l, x, T, pos0, w, true);
-  cached_attention(c, l, w.q.data(), w.k.data(), w.v.data(), T, pos0, cache, routing, w.att.data(), stats,
+  cached_attention(m.config, l, w.q.data(), w.k.data(), w.v.data(), T, pos0, cache, routing, w.att.data(), stats,
                    last_row_probs, prefill);
-  const size_t n = static_cast<size_t>(T) * D;
-  linear(w.att.data(), L.wo, {}, w.o.data(), T);
-  for (size_t i = 0; i < n; ++i) x[i] += w.o[i];
-
-  rmsnorm_rows(x, L.mlp_norm.data(), w.h.data(), T, D, c.rms_eps);
-  linear(w.h.data(), L.w_gate, {}, w.g.data(), T);
-  linear(w.h.data(), L.w_up, {}, w.u.data(), T);
-  const size_t nf = static_cast<size_t>(T) * F;
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < nf; ++i) w.g[i] = w.g[i] / (1.f + std::exp(-w.g[i])) * w.u[i];  // SwiGLU
-  linear(w.g.data(), L.w_down, {}, w.o.data(), T);
-  for (size_t i = 0; i < n; ++i) x[i] += w.o[i];
+  cpu::layer_out_mlp(m, l, x, T, w);
 }
 
 void embed(const Model& m, const int32_t* ids, int T, float* x) {
