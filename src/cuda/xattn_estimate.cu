@@ -34,10 +34,11 @@ __host__ __device__ inline int pow2_at_least(int n) {
   return p;
 }
 
-// The tensor-core kernel's shared memory starts with the query tile [16, D + 8] bf16, whose space later holds the
-// selection scratch (pow2_at_least(nb) sort keys, then nb flags); its floats start after the larger of the two.
-__host__ __device__ inline size_t mma_float_offset(int D, int nb) {
-  const size_t tile = static_cast<size_t>(16) * (D + 8) * 2,
+// The tensor-core kernel's shared memory starts with the query tile [16 * MT, D + 8] bf16 (MT row tiles of 16), whose
+// space later holds the selection scratch (pow2_at_least(nb) sort keys, then nb flags); its floats start after the
+// larger of the two.
+__host__ __device__ inline size_t mma_float_offset(int D, int nb, int MT) {
+  const size_t tile = static_cast<size_t>(16) * MT * (D + 8) * 2,
                scratch = sizeof(unsigned long long) * pow2_at_least(nb) + sizeof(int) * static_cast<size_t>(nb);
   return ((tile > scratch ? tile : scratch) + 15) & ~size_t(15);
 }
@@ -232,21 +233,22 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Tensor-core version of steps 1-3, one CTA per (query block, KV head) for all G = Hq / Hkv query heads of that KV
-// head at once (M = G * B/S <= 16 reshaped query rows: one m16n8k16 row tile), so each CTA reads the key prefix once
-// for G heads and scores it with mma.sync (bf16 in, fp32 accumulate; the products are exact as in the fp32 version,
-// only the summation order differs):
-//   1. the M reshaped query rows -> shared memory as bf16 [16, S*hd + 8] (rows >= M and past the end zero);
+// head at once (M = G * B/S <= 16 * MT reshaped query rows: MT m16n8k16 row tiles, MT = 1 or 2; Qwen3-4B's G = 4 at
+// block 128, stride 16 is M = 32), so each CTA reads the key prefix once for G heads and scores it with mma.sync
+// (bf16 in, fp32 accumulate; the products are exact as in the fp32 version, only the summation order differs); each
+// key fragment loaded feeds the MT row tiles:
+//   1. the M reshaped query rows -> shared memory as bf16 [16 * MT, S*hd + 8] (rows >= M and past the end zero);
 //   2. warps take groups of CW = max(8, B/S) reshaped key columns (whole key blocks, so a warp owns its blocks) and
 //      run the S*hd-long dot products as m16n8k16 MMAs, B fragments loaded straight from the key rows in global
 //      memory (a column's 16 consecutive elements sit in one key row); scores go through a per-warp staging tile to
-//      one log-sum-exp per (row, key block): L [16, nb];
+//      one log-sum-exp per (row, key block): L [16 * MT, nb];
 //   3. per head: row totals from L, block mass[kb] = sum over its rows of exp(L - row total) (one thread per key
 //      block, fixed order), then select_blocks.
-// kTwoPass (long inputs, where L [16, nb] does not fit in shared memory): the scores are computed twice and L never
+// kTwoPass (long inputs, where L [16 * MT, nb] does not fit in shared memory): the scores are computed twice and L never
 // stored. Pass 1 folds each (row, key block) log-sum-exp into a running (max, sum) per row and warp, combined into
 // the row totals; pass 2 recomputes the same scores and adds exp(L - row total) over a head's rows straight into
 // that head's block masses [G, nb] (a warp owns whole key blocks, so each mass has one writer; rows in fixed order).
-template <int HD, bool kTwoPass>
+template <int HD, bool kTwoPass, int MT>
 __global__ void __launch_bounds__(kThreads)
     xattn_estimate_mma_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, int T,
                               int pos0, int Hq, int Hkv, int B, int S, float tau, const KVHeadMeta* __restrict__ meta,
@@ -268,21 +270,22 @@ __global__ void __launch_bounds__(kThreads)
   const int D = S * HD, LDA = D + 8;  // +8 bf16 per row: the 32-bit fragment loads of 8 rows hit different banks
   const int M = G * rb, i0 = qb * rb, n_rows = min(rb, R - i0), n_cols = i0 + n_rows;
   const int n_keys = pow2_at_least(nb);  // select_blocks sorts a power of two >= its candidates (< nb)
-  const size_t a_bytes = mma_float_offset(D, nb);
-  uint16_t* sa = reinterpret_cast<uint16_t*>(smem);             // [16, LDA] bf16 query rows
-  // One pass: L [16, nb], bs [nb] (the current head's masses). Two passes: no L; bs [G, nb] (every head's masses).
-  float* L = reinterpret_cast<float*>(smem + a_bytes);          // [16, nb] log-sum-exp per (row, key block)
-  float* bs = kTwoPass ? L : L + 16 * nb;                       // [nb] or [G, nb] block masses
-  float* stile = bs + (kTwoPass ? G : 1) * nb;                  // [kWarps][16][16] score staging
-  float* rowlse = stile + kWarps * 256;                         // [16]
-  float* wl = rowlse + 16;                                      // two passes: [kWarps][16][8] a group's L values
-  float* wpart = wl + kWarps * 16 * 8;                          // two passes: [kWarps][16][2] per-warp (max, sum)
+  constexpr int MR = 16 * MT;  // rows of the query tile
+  const size_t a_bytes = mma_float_offset(D, nb, MT);
+  uint16_t* sa = reinterpret_cast<uint16_t*>(smem);             // [MR, LDA] bf16 query rows
+  // One pass: L [MR, nb], bs [nb] (the current head's masses). Two passes: no L; bs [G, nb] (every head's masses).
+  float* L = reinterpret_cast<float*>(smem + a_bytes);          // [MR, nb] log-sum-exp per (row, key block)
+  float* bs = kTwoPass ? L : L + MR * nb;                       // [nb] or [G, nb] block masses
+  float* stile = bs + (kTwoPass ? G : 1) * nb;                  // [kWarps][MR][16] score staging
+  float* rowlse = stile + kWarps * MR * 16;                     // [MR]
+  float* wl = rowlse + MR;                                      // two passes: [kWarps][MR][8] a group's L values
+  float* wpart = wl + kWarps * MR * 8;                          // two passes: [kWarps][MR][2] per-warp (max, sum)
   // After the scores, the query tile's space holds the selection scratch (keys, then flags; see a_bytes).
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem);
   int* flag = reinterpret_cast<int*>(smem + sizeof(unsigned long long) * static_cast<size_t>(n_keys));
 
   const size_t ldq = static_cast<size_t>(Hq) * HD, ldk = static_cast<size_t>(Hkv) * HD;
-  for (int idx = tid; idx < 16 * D; idx += kThreads) {
+  for (int idx = tid; idx < MR * D; idx += kThreads) {
     const int m = idx / D, c = idx % D, s = c / HD, d = c % HD, g = m / rb, r = m % rb;
     uint16_t val = 0;
     if (m < M && r < n_rows) {
@@ -294,14 +297,14 @@ __global__ void __launch_bounds__(kThreads)
     sa[static_cast<size_t>(m) * LDA + c] = val;
   }
   if (!kTwoPass)
-    for (int i = tid; i < 16 * nb; i += kThreads) L[i] = -INFINITY;
+    for (int i = tid; i < MR * nb; i += kThreads) L[i] = -INFINITY;
   __syncthreads();
 
   const float scale = 1.f / sqrtf(static_cast<float>(HD)) / static_cast<float>(S);
   const int CW = max(8, rb), n_groups = (n_cols + CW - 1) / CW, gq = lane / 4, t4 = lane % 4;
   const int bpg = CW / rb;  // key blocks per group (<= 8)
   const uint16_t* kraw = reinterpret_cast<const uint16_t*>(k) + static_cast<size_t>(kvh) * HD;
-  float* st = stile + warp * 256;  // [16][16]
+  float* st = stile + warp * MR * 16;  // [MR][16]
   // This warp's groups of key columns: the scores, then one log-sum-exp per (row m, block b of the group) handed to
   // on_block(m, kb, b, lse) by the lanes (skipped where the row has no valid score in the block), then after(j0)
   // once the group's calls are done.
@@ -310,15 +313,9 @@ __global__ void __launch_bounds__(kThreads)
       const int j0 = grp * CW;
       for (int nt = 0; nt < CW / 8; ++nt) {
         const int j = j0 + nt * 8 + gq;  // this lane's B column
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        float acc[MT][4] = {};
 #pragma unroll 4
         for (int kk = 0; kk < D; kk += 16) {
-          uint32_t a[4];
-          const uint16_t* ar = sa + static_cast<size_t>(gq) * LDA + kk + 2 * t4;
-          a[0] = *reinterpret_cast<const uint32_t*>(ar);
-          a[1] = *reinterpret_cast<const uint32_t*>(ar + 8 * LDA);
-          a[2] = *reinterpret_cast<const uint32_t*>(ar + 8);
-          a[3] = *reinterpret_cast<const uint32_t*>(ar + 8 * LDA + 8);
           const int pos = j * S + kk / HD;  // a 16-element step never crosses a key row (HD % 16 == 0)
           uint32_t b0 = 0u, b1 = 0u;
           if (j < n_cols && pos < n_pos) {  // past the end: zero padding, as in the fp32 version
@@ -326,18 +323,30 @@ __global__ void __launch_bounds__(kThreads)
             b0 = __ldg(reinterpret_cast<const unsigned int*>(kr));
             b1 = __ldg(reinterpret_cast<const unsigned int*>(kr + 8));
           }
-          mma_bf16(acc, a, b0, b1);
-        }
-        // Stage C[gq][2 t4 + e] and C[gq + 8][2 t4 + e], scaled and causally masked.
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int m = gq + (e >= 2 ? 8 : 0), col = nt * 8 + 2 * t4 + (e & 1), jj = j0 + col, r = m % rb;
-          const bool ok = m < M && r < n_rows && jj < n_cols && jj <= i0 + r;
-          st[m * 16 + col] = ok ? acc[e] * scale : -INFINITY;
+          for (int mt = 0; mt < MT; ++mt) {  // one key fragment, every row tile
+            uint32_t a[4];
+            const uint16_t* ar = sa + static_cast<size_t>(mt * 16 + gq) * LDA + kk + 2 * t4;
+            a[0] = *reinterpret_cast<const uint32_t*>(ar);
+            a[1] = *reinterpret_cast<const uint32_t*>(ar + 8 * LDA);
+            a[2] = *reinterpret_cast<const uint32_t*>(ar + 8);
+            a[3] = *reinterpret_cast<const uint32_t*>(ar + 8 * LDA + 8);
+            mma_bf16(acc[mt], a, b0, b1);
+          }
         }
+        // Stage C[gq][2 t4 + e] and C[gq + 8][2 t4 + e] of each row tile, scaled and causally masked.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int m = mt * 16 + gq + (e >= 2 ? 8 : 0), col = nt * 8 + 2 * t4 + (e & 1), jj = j0 + col,
+                      r = m % rb;
+            const bool ok = m < M && r < n_rows && jj < n_cols && jj <= i0 + r;
+            st[m * 16 + col] = ok ? acc[mt][e] * scale : -INFINITY;
+          }
       }
       __syncwarp();
-      for (int pr = lane; pr < 16 * bpg; pr += 32) {
+      for (int pr = lane; pr < MR * bpg; pr += 32) {
         const int m = pr / bpg, b = pr % bpg, kb = j0 / rb + b;
         if (kb > qb || m >= M) continue;
         const float* x = st + m * 16 + b * rb;
@@ -358,17 +367,17 @@ __global__ void __launch_bounds__(kThreads)
     score_groups([&](int m, int kb, int, float lse) { L[m * nb + kb] = lse; }, [](int) {});
     __syncthreads();
   } else {
-    float* my_wl = wl + warp * 16 * 8;  // [16][8]: the current group's L values, -inf where not set
+    float* my_wl = wl + warp * MR * 8;  // [MR][8]: the current group's L values, -inf where not set
     auto clear_wl = [&] {
-      for (int i = lane; i < 16 * 8; i += 32) my_wl[i] = -INFINITY;
+      for (int i = lane; i < MR * 8; i += 32) my_wl[i] = -INFINITY;
       __syncwarp();
     };
-    // Pass 1: row totals. Lane m < 16 keeps row m's running (max, sum) over this warp's blocks.
+    // Pass 1: row totals. Lane m < MR keeps row m's running (max, sum) over this warp's blocks (MR <= 32).
     float run_m = -INFINITY, run_s = 0.f;
     clear_wl();
     score_groups([&](int m, int, int b, float lse) { my_wl[m * 8 + b] = lse; },
                  [&](int) {
-                   if (lane < 16)
+                   if (lane < MR)
                      for (int b = 0; b < bpg; ++b) {
                        const float v = my_wl[lane * 8 + b];
                        if (v == -INFINITY) continue;
@@ -377,17 +386,17 @@ __global__ void __launch_bounds__(kThreads)
                        run_m = nm;
                      }
                    __syncwarp();
-                   for (int i = lane; i < 16 * 8; i += 32) my_wl[i] = -INFINITY;
+                   for (int i = lane; i < MR * 8; i += 32) my_wl[i] = -INFINITY;
                  });
-    if (lane < 16) {
-      wpart[(warp * 16 + lane) * 2] = run_m;
-      wpart[(warp * 16 + lane) * 2 + 1] = run_s;
+    if (lane < MR) {
+      wpart[(warp * MR + lane) * 2] = run_m;
+      wpart[(warp * MR + lane) * 2 + 1] = run_s;
     }
     __syncthreads();
-    if (tid < 16) {  // the warps in order: a fixed combination
+    if (tid < MR) {  // the warps in order: a fixed combination
       float tm = -INFINITY, ts = 0.f;
       for (int w = 0; w < kWarps; ++w) {
-        const float wm = wpart[(w * 16 + tid) * 2], ws = wpart[(w * 16 + tid) * 2 + 1];
+        const float wm = wpart[(w * MR + tid) * 2], ws = wpart[(w * MR + tid) * 2 + 1];
         if (wm == -INFINITY) continue;
         const float nm = fmaxf(tm, wm);
         ts = ts * expf(tm - nm) + ws * expf(wm - nm);
@@ -408,7 +417,7 @@ __global__ void __launch_bounds__(kThreads)
                      bs[g * nb + kb] = mass;
                    }
                    __syncwarp();
-                   for (int i = lane; i < 16 * 8; i += 32) my_wl[i] = -INFINITY;
+                   for (int i = lane; i < MR * 8; i += 32) my_wl[i] = -INFINITY;
                  });
     __syncthreads();
   }
@@ -446,14 +455,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Shared memory of the tensor-core kernel: the query tile (reused for the selection scratch), L, bs, staging, rowlse.
-size_t mma_smem_bytes(int D, int nb) {
-  return mma_float_offset(D, nb) + 4 * (static_cast<size_t>(16) * nb + nb + (kThreads / 32) * 256 + 16);
+// Shared memory of the tensor-core kernel with MT row tiles: the query tile (reused for the selection scratch), L,
+// bs, staging, rowlse.
+size_t mma_smem_bytes(int D, int nb, int MT) {
+  constexpr size_t kW = kThreads / 32;
+  const size_t MR = 16 * static_cast<size_t>(MT);
+  return mma_float_offset(D, nb, MT) + 4 * (MR * nb + nb + kW * MR * 16 + MR);
 }
 // The two-pass version: no L; every head's masses [G, nb], staging, rowlse, the per-warp group values and partials.
-size_t mma_two_pass_smem_bytes(int D, int nb, int G) {
+size_t mma_two_pass_smem_bytes(int D, int nb, int G, int MT) {
   constexpr size_t kW = kThreads / 32;
-  return mma_float_offset(D, nb) + 4 * (static_cast<size_t>(G) * nb + kW * 256 + 16 + kW * 16 * 8 + kW * 16 * 2);
+  const size_t MR = 16 * static_cast<size_t>(MT);
+  return mma_float_offset(D, nb, MT) + 4 * (static_cast<size_t>(G) * nb + kW * MR * 16 + MR + kW * MR * 8 + kW * MR * 2);
 }
 
 void bad(const std::string& what) { throw std::invalid_argument("xattn_estimate_cuda: " + what); }
@@ -466,20 +479,26 @@ void launch(const XAttnEstimateParams& p, cudaStream_t stream) {
   ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
   ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   const size_t limit = static_cast<size_t>(optin) - 4096;
-  // Tensor cores when a KV head's G query heads fit one 16-row tile: in one pass where the per-(row, block) sums fit
-  // shared memory, else in two passes (scores computed twice, only O(G * nb) floats kept).
-  const size_t smem_one = mma_smem_bytes(p.stride * HD, nb), smem_two = mma_two_pass_smem_bytes(p.stride * HD, nb, G);
-  const bool shape_ok = G * rb <= 16;
+  // Tensor cores when a KV head's G query heads fit one or two 16-row tiles: in one pass where the per-(row, block)
+  // sums fit shared memory, else in two passes (scores computed twice, only O(G * nb) floats kept).
+  const int MT = G * rb <= 16 ? 1 : 2;
+  const size_t smem_one = mma_smem_bytes(p.stride * HD, nb, MT),
+               smem_two = mma_two_pass_smem_bytes(p.stride * HD, nb, G, MT);
+  const bool shape_ok = G * rb <= 32;
   const bool one_fits = shape_ok && smem_one <= limit, two_fits = shape_ok && smem_two <= limit;
   const bool want_two = p.kernel == XAttnEstimateKernel::TensorCoreTwoPass;
   if ((p.kernel == XAttnEstimateKernel::TensorCore && !one_fits && !two_fits) || (want_two && !two_fits))
-    bad("the tensor-core estimator needs (query heads per KV head) x block/stride <= 16 (have " +
+    bad("the tensor-core estimator needs (query heads per KV head) x block/stride <= 32 (have " +
         std::to_string(G * rb) + ") and " + std::to_string(smem_one) + " bytes of shared memory in one pass or " +
         std::to_string(smem_two) + " in two (have " + std::to_string(limit) + ")");
   ELASTIC_CUDA_CHECK(cudaMemsetAsync(p.counts, 0, sizeof(int32_t) * p.n_heads * nb, stream));
-  if (p.kernel != XAttnEstimateKernel::Simple && (one_fits || two_fits)) {
+  // Two row tiles (17-32 rows, e.g. Qwen3-4B's 4 query heads per KV head at block 128) run only when named, until
+  // they have run on a GPU (written 2026-12-06 without device time): Auto keeps the fp32 kernel there.
+  const bool tc_allowed = G * rb <= 16 || p.kernel != XAttnEstimateKernel::Auto;
+  if (p.kernel != XAttnEstimateKernel::Simple && tc_allowed && (one_fits || two_fits)) {
     const bool two = want_two || !one_fits;
-    auto kernel = two ? xattn_estimate_mma_kernel<HD, true> : xattn_estimate_mma_kernel<HD, false>;
+    auto kernel = MT == 1 ? (two ? xattn_estimate_mma_kernel<HD, true, 1> : xattn_estimate_mma_kernel<HD, false, 1>)
+                          : (two ? xattn_estimate_mma_kernel<HD, true, 2> : xattn_estimate_mma_kernel<HD, false, 2>);
     const size_t smem = two ? smem_two : smem_one;
     ELASTIC_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

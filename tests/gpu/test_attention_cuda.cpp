@@ -391,12 +391,13 @@ TEST(CudaHybridAttention, LaunchesReadNoEnvironment) {
 TEST(CudaXAttnEstimate, MatchesCpuSelection) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   SEEDED_RNG(rng);
-  // Both kernels; shapes with G * B/S = 8 and 16 reshaped rows per KV head (the tensor-core kernel's one row tile).
+  // Both kernels; shapes with G * B/S = 8 and 16 reshaped rows per KV head (the tensor-core kernel's one row tile)
+  // and 32 (two row tiles: Qwen3-4B's 4 query heads per KV head at block 128, and 8 at block 64).
   struct XCase { int Hq, Hkv, B; };
   // The tensor-core kernel also in its two-pass form (forced here; Auto takes it past ~128K tokens).
   for (const auto kernel : {cuda::XAttnEstimateKernel::Simple, cuda::XAttnEstimateKernel::TensorCore,
                             cuda::XAttnEstimateKernel::TensorCoreTwoPass})
-  for (const XCase xc : {XCase{4, 2, 64}, XCase{8, 2, 64}, XCase{4, 2, 128}})
+  for (const XCase xc : {XCase{4, 2, 64}, XCase{8, 2, 64}, XCase{4, 2, 128}, XCase{8, 2, 128}, XCase{16, 2, 64}})
   for (const int hd : {64, 128})
     for (const int pos0 : {0, 256}) {
       SCOPED_TRACE(std::string(kernel == cuda::XAttnEstimateKernel::Simple       ? "simple"
@@ -474,7 +475,7 @@ TEST(CudaXAttnEstimate, TensorCoreRejectsTooManyRowsPerKvHead) {
   int32_t i = 0;
   cuda::KVHeadMeta m;
   e.q = e.k = &d, e.meta = &m, e.blocks = e.offsets = e.counts = &i;
-  e.T = 256, e.n_heads = 8, e.n_kv_heads = 1, e.head_dim = 64, e.block = 128;  // 8 heads x 8 rows = 64 > 16
+  e.T = 256, e.n_heads = 8, e.n_kv_heads = 1, e.head_dim = 64, e.block = 128;  // 8 heads x 8 rows = 64 > 32
   e.kernel = cuda::XAttnEstimateKernel::TensorCore;
   EXPECT_THROW(cuda::xattn_estimate_cuda(e, nullptr), std::invalid_argument);
   e.kernel = cuda::XAttnEstimateKernel::TensorCoreTwoPass;
