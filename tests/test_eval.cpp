@@ -395,8 +395,6 @@ TEST(EvalPlots, ParetoFrontAndShapes) {
   fs::remove(path);
 }
 
-// ESR and FLOPs are the prompt's prefill figures on every path: the CPU's counted blocks (decode steps not counted)
-// equal what routed_prefill_stats derives from the routing, which is what a SequenceBackend (the GPU) reports.
 // Generation stops once every reference is found (the score cannot change after that) and otherwise runs to the
 // task's budget: a backend that plays back a script of greedy ids shows both.
 TEST_F(EvalRun, GenerationStopsOnceTheScoreIsFinal) {
@@ -449,6 +447,8 @@ TEST_F(EvalRun, GenerationStopsOnceTheScoreIsFinal) {
   EXPECT_EQ(run_sample(m, nullptr, s, &r, 64, &part).new_tokens, 2);
 }
 
+// ESR and FLOPs are the prompt's prefill figures on every path: the CPU's counted blocks (decode steps not counted)
+// equal what routed_prefill_stats derives from the routing, which is what a SequenceBackend (the GPU) reports.
 TEST_F(EvalRun, SampleFiguresAreThePromptsPrefill) {
   const Model& m = tiny();
   RoutingTable r = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);

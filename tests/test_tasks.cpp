@@ -242,6 +242,19 @@ TEST(EvalTasks, HaystackAndCodeCorpusFiles) {
     starts.insert(tok.decode({h.begin(), h.begin() + 12}));
   }
   EXPECT_GE(starts.size(), 6u);
+  // One long line (no newline at all): samples still start at different words.
+  const std::string line = tmp_path("line.txt");
+  {
+    std::ofstream f(line);
+    for (int i = 0; i < 300; ++i) f << "word" << i << " ";
+  }
+  std::set<std::vector<int32_t>> heads;
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    const std::vector<int32_t> h = haystack_token_ids(tok, line, 30, seed);
+    heads.insert({h.begin(), h.begin() + 5});
+  }
+  EXPECT_GE(heads.size(), 6u);
+  fs::remove(line);
   s.name = "continue_text";
   EXPECT_NE(make_sample(s, &tok, 300, 1).input.find("aquarium"), std::string::npos);
 

@@ -632,6 +632,15 @@ TEST(RouterFeatures, SeparationOfCopiesAndDistinctTasks) {
     EXPECT_LT(u.before[l].within_centred, 0.999);
   }
   EXPECT_NE(feature_separation_table(s).find("| 0 | 1.0000 |"), std::string::npos);
+  // A learned-static router's task MLP sees one fixed input per head: its output does not vary across prompts, so
+  // there is no variance for the task to explain (NaN, not a rounding-noise 1); its input (pooled keys) still varies.
+  RouterSpec hs = spec_for(m);
+  hs.input = RouterInput::HeadIdentity;
+  const FeatureSeparation fixed = router_feature_separation(m, Router::init(hs, 4), prompts, tasks, 32);
+  for (int l = 0; l < fixed.n_layers; ++l) {
+    EXPECT_TRUE(std::isnan(fixed.after[l].task_variance_share)) << l;
+    EXPECT_NEAR(fixed.before[l].task_variance_share, 1.0, 1e-5) << l;
+  }
   EXPECT_THROW(router_feature_separation(m, r, {prompts[0], prompts[1]}, {"a", "a"}, 32), std::invalid_argument);
   EXPECT_THROW(router_feature_separation(m, r, prompts, {"a"}, 32), std::invalid_argument);
 }

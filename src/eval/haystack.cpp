@@ -1,6 +1,7 @@
 #include "elastic/haystack.h"
 
 #include <stdexcept>
+#include <vector>
 
 #include "elastic/text_file.h"
 
@@ -76,12 +77,19 @@ std::vector<int32_t> haystack_token_ids(const Tokenizer& tok, const std::string&
     // within a task. Tokenizing ~16 bytes per token is generous for English text.
     const size_t cap = static_cast<size_t>(n) * 16 + 1024;
     SplitMix64 r(seed);
-    size_t start = r.below(text.size());
-    const size_t nl = text.find('\n', start);
-    start = nl == std::string::npos || nl + 1 >= text.size() ? 0 : nl + 1;
+    // Starts: every line start, each equally likely; a text of fewer than two lines starts after any space instead.
+    std::vector<size_t> starts{0};
+    for (size_t i = 0; i + 1 < text.size(); ++i)
+      if (text[i] == '\n') starts.push_back(i + 1);
+    if (starts.size() < 2)
+      for (size_t i = 0; i + 1 < text.size(); ++i)
+        if (text[i] == ' ') starts.push_back(i + 1);
+    size_t start = starts[r.below(starts.size())];
+    const std::string wrap = text.back() == '\n' ? "" : "\n";  // the end never runs into the start mid-line
     std::string chunk;
     while (chunk.size() < cap) {
       chunk += text.substr(start, cap - chunk.size());
+      if (chunk.size() < cap) chunk += wrap;
       start = 0;
     }
     std::vector<int32_t> ids = tok.encode(chunk);

@@ -45,9 +45,12 @@ LayerSeparation layer_separation(const std::vector<std::vector<std::vector<float
                                  const std::vector<std::string>& tasks, int H, int d) {
   const size_t n = x.size(), D = static_cast<size_t>(H) * d;
   // Centring removes what every prompt shares (a large common component makes raw cosines all ~1).
+  // Summed in double and divided once, so features equal across prompts centre to exactly 0 (a learned-static
+  // router's task-MLP output is the same for every prompt).
   std::vector<double> mean(D, 0.0);
   for (size_t i = 0; i < n; ++i)
-    for (size_t k = 0; k < D; ++k) mean[k] += x[i][l][k] / static_cast<double>(n);
+    for (size_t k = 0; k < D; ++k) mean[k] += x[i][l][k];
+  for (double& m : mean) m /= static_cast<double>(n);
   std::vector<std::vector<float>> c(n, std::vector<float>(D));
   for (size_t i = 0; i < n; ++i)
     for (size_t k = 0; k < D; ++k) c[i][k] = static_cast<float>(x[i][l][k] - mean[k]);
@@ -65,9 +68,19 @@ LayerSeparation layer_separation(const std::vector<std::vector<std::vector<float
   std::map<std::string, std::vector<size_t>> groups;
   for (size_t i = 0; i < n; ++i) groups[tasks[i]].push_back(i);
   for (int h = 0; h < H; ++h) {
-    double total = 0, between = 0;
+    double total = 0, between = 0, raw = 0;
     for (size_t i = 0; i < n; ++i)
-      for (int j = 0; j < d; ++j) total += double(c[i][static_cast<size_t>(h) * d + j]) * c[i][static_cast<size_t>(h) * d + j];
+      for (int j = 0; j < d; ++j) {
+        const size_t k = static_cast<size_t>(h) * d + j;
+        total += double(c[i][k]) * c[i][k];
+        raw += double(x[i][l][k]) * x[i][l][k];
+      }
+    // Features that do not vary (beyond rounding) have no variance to explain: the share is undefined.
+    if (!(total > 1e-12 * raw)) {
+      s.task_variance_share = NAN;
+      s.within_centred = s.between_centred = NAN;
+      break;
+    }
     for (const auto& [t, members] : groups)
       for (int j = 0; j < d; ++j) {
         double m = 0;
