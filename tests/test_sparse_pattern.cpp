@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "elastic/sparse_pattern.h"
 
 using namespace elastic;
@@ -94,4 +96,46 @@ TEST(SparsePattern, FiguresEqualDirectCounts) {
   EXPECT_EQ(sink, 0);
   EXPECT_EQ(pattern_cache_slots(HeadMode::Full, s, 4096), 4096);
   EXPECT_EQ(pattern_cache_slots(parse_head_mode("strided"), s, 4096), 4096);
+}
+
+// Parameters as JSON, one home for routing files and router metadata: each pattern reads and writes its own fields;
+// a round trip keeps every setting; absent fields take their defaults unless required (router files), and then the
+// error names the field.
+TEST(SparsePatternParams, JsonRoundTripDefaultsAndRequiredFields) {
+  SparseSettings s;
+  s.block = 128, s.sink = 256, s.local = 1024, s.xattn.stride = 8, s.xattn.tau = 0.75f;
+  const nlohmann::json j = sparse_settings_to_json(s);
+  EXPECT_EQ(j.at("sink"), 256);                // streaming.cpp's fields
+  EXPECT_EQ(j.at("xattn").at("stride"), 8);    // xattn.cpp's
+  const SparseSettings back = sparse_settings_from_json(j, "t", true);
+  EXPECT_EQ(back.block, 128);
+  EXPECT_EQ(back.sink, 256);
+  EXPECT_EQ(back.local, 1024);
+  EXPECT_EQ(back.xattn.stride, 8);
+  EXPECT_FLOAT_EQ(back.xattn.tau, 0.75f);
+  EXPECT_EQ(back.xattn.block, 128);
+  const SparseSettings d = sparse_settings_from_json(nlohmann::json::object(), "t");
+  EXPECT_EQ(d.block, 64);
+  EXPECT_EQ(d.sink, 128);
+  EXPECT_EQ(d.local, 2048);
+  EXPECT_EQ(d.xattn.stride, 16);
+  auto error = [](const nlohmann::json& x, bool required) {
+    try {
+      sparse_settings_from_json(x, "src.json", required);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  nlohmann::json no_local = j;
+  no_local.erase("local");
+  EXPECT_EQ(error(no_local, true), "src.json: missing 'local'");
+  EXPECT_EQ(error(no_local, false), "no error");
+  nlohmann::json no_tau = j;
+  no_tau["xattn"].erase("tau");
+  EXPECT_EQ(error(no_tau, true), "src.json: missing 'xattn.tau'");
+  nlohmann::json bad = j;
+  bad["xattn"]["stride"] = 7;  // must divide the block
+  EXPECT_NE(error(bad, false).find("stride 7 must divide block_size 128"), std::string::npos) << error(bad, false);
+  EXPECT_NE(error(nlohmann::json::array(), false).find("must be a JSON object"), std::string::npos);
 }

@@ -2,8 +2,9 @@
 // Sparse attention patterns as data. Each pattern lives in one file under src/attention/patterns/ and is listed once in
 // registry.cpp; its position there is its HeadMode value (what routing tables, router files and the GPU's KVHeadMeta
 // carry). A pattern gives its names, its block rule (the lowering every consumer reads: the CPU reference attention,
-// the training masks, the prefill cost, the ESR count, the KV pages and cache slots it holds) and, where it has one,
-// an estimator that makes a per-input block selection at prefill.
+// the training masks, the prefill cost, the ESR count, the KV pages and cache slots it holds), its parameters' JSON
+// fields (routing files and router metadata) and, where it has one, an estimator that makes a per-input block
+// selection at prefill.
 //
 // Contract of a block rule, checked for every registered pattern by tests/test_sparse_pattern.cpp:
 //   - causal: only kb <= qb is ever asked; the diagonal block (kb == qb) is always kept, so every query row has a key;
@@ -14,6 +15,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "elastic/attention.h"
 
@@ -33,6 +36,11 @@ struct SparsePattern {
   // false: one slot per position.
   bool (*bounded_slots)(const SparseSettings& s, int64_t& sink, int64_t& ring) = nullptr;
   bool on_cuda = false;  // the CUDA kernels implement it (KVHeadMeta::mode); the CUDA backend refuses other patterns
+  // Its parameters in the JSON of routing files and router metadata (sparse_settings_from_json / _to_json): reads its
+  // own fields of `j` into s, each its default when absent unless `required` (errors name `src` and the field), and
+  // writes them back. nullptr: the pattern has no parameters of its own.
+  void (*read_params)(const nlohmann::json& j, SparseSettings& s, const std::string& src, bool required) = nullptr;
+  void (*write_params)(const SparseSettings& s, nlohmann::json& j) = nullptr;
 };
 
 // The pattern of a mode; throws std::invalid_argument for a value no pattern is registered at.
@@ -41,6 +49,18 @@ const SparsePattern& sparse_pattern(HeadMode m);
 HeadMode pattern_by_name(const std::string& name);
 int n_sparse_patterns();
 std::vector<std::string> sparse_pattern_names();  // registry order (the CLI's --mode choices)
+
+// ---- Parameters as JSON (one home: routing files and router metadata) ----------------------------------------------
+
+// {"block_size": 64, <each pattern's fields>}: block_size (default 64) and every registered pattern's read_params,
+// then validate_sparse. `required`: a missing field is an error (router files, which always write every field)
+// rather than its default (routing files written by hand). Errors name `src` and the field.
+SparseSettings sparse_settings_from_json(const nlohmann::json& j, const std::string& src, bool required = false);
+nlohmann::json sparse_settings_to_json(const SparseSettings& s);
+// An integer field of such JSON, range-checked before it becomes an int (nlohmann's get<int> of 1e12, or of a float,
+// silently wraps): its value, `def` when absent and not `required`. `name` is how errors spell it ('xattn.stride').
+int sparse_int_field(const nlohmann::json& j, const char* key, int def, const std::string& src, const std::string& name,
+                     bool required);
 
 // ---- Figures every consumer takes from the block rule --------------------------------------------------------------
 

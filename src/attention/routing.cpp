@@ -46,42 +46,11 @@ void validate_sparse(const SparseSettings& s, const std::string& src) {
   if (!(s.xattn.tau > 0.f && s.xattn.tau <= 1.f)) throw std::runtime_error(src + ": xattn tau must be in (0, 1]");
 }
 
-namespace {
-
-// An integer field of a routing file, range-checked before it becomes an int: nlohmann's get<int> of 1e12 (or of a
-// float) silently wraps, which would pass validate_sparse as some small or negative number.
-int int_field(const json& j, const char* key, int def, const std::string& path, const std::string& prefix = "") {
-  if (!j.contains(key)) return def;
-  const json& v = j[key];
-  const std::string name = "'" + prefix + key + "'";
-  if (!v.is_number_integer()) throw std::runtime_error(path + ": " + name + " must be an integer, got " + v.dump());
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > kMaxSparseWindow
-                             : v.get<int64_t>() < -kMaxSparseWindow || v.get<int64_t>() > kMaxSparseWindow)
-    throw std::runtime_error(path + ": " + name + " " + v.dump() + " is out of range (at most " +
-                             std::to_string(kMaxSparseWindow) + ")");
-  return static_cast<int>(v.get<int64_t>());
-}
-
-}  // namespace
-
 RoutingTable load_routing(const std::string& path, int n_layers, int n_kv_heads) {
   const json j = read_json_file(path, "routing file");
   RoutingTable r = RoutingTable::all_full(n_layers, n_kv_heads);
   if (!j.is_object()) throw std::runtime_error(path + ": a routing file must be a JSON object");
-  r.sparse.block = int_field(j, "block_size", 64, path);
-  r.sparse.sink = int_field(j, "sink", 128, path);
-  r.sparse.local = int_field(j, "local", 2048, path);
-  if (j.contains("xattn")) {
-    const json& x = j["xattn"];
-    if (!x.is_object()) throw std::runtime_error(path + ": 'xattn' must be an object");
-    r.sparse.xattn.stride = int_field(x, "stride", 16, path, "xattn.");
-    if (x.contains("tau")) {
-      if (!x["tau"].is_number()) throw std::runtime_error(path + ": 'xattn.tau' must be a number");
-      r.sparse.xattn.tau = static_cast<float>(x["tau"].get<double>());
-    }
-  }
-  r.sparse.xattn.block = r.sparse.block;
-  validate_sparse(r.sparse, path);
+  r.sparse = sparse_settings_from_json(j, path);  // each pattern's fields, from its own file
   if (!j.contains("layers") || !j["layers"].is_array()) throw std::runtime_error(path + ": missing 'layers' (one list of KV-head modes per layer)");
   const json& L = j["layers"];
   if (static_cast<int>(L.size()) != n_layers)
@@ -102,11 +71,7 @@ RoutingTable load_routing(const std::string& path, int n_layers, int n_kv_heads)
 }
 
 void save_routing(const RoutingTable& r, const std::string& path) {
-  json j;
-  j["block_size"] = r.sparse.block;
-  j["sink"] = r.sparse.sink;
-  j["local"] = r.sparse.local;
-  j["xattn"] = {{"stride", r.sparse.xattn.stride}, {"tau", std::round(static_cast<double>(r.sparse.xattn.tau) * 1e6) / 1e6}};
+  json j = sparse_settings_to_json(r.sparse);
   j["layers"] = json::array();
   for (int l = 0; l < r.n_layers; ++l) {
     json row = json::array();

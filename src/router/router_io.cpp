@@ -8,6 +8,7 @@
 #include "elastic/json_file.h"
 #include "elastic/router.h"
 #include "elastic/safetensors.h"
+#include "elastic/sparse_pattern.h"
 #include "router/router_mlp.h"
 
 namespace elastic {
@@ -48,18 +49,6 @@ int meta_int(const std::map<std::string, std::string>& m, const std::string& key
   return static_cast<int>(v);
 }
 
-// An integer field of the metadata's JSON in [lo, hi] (get<int> would wrap 2^32 + 5 to 5).
-int json_int(const nlohmann::json& j, const std::string& key, const std::string& path, int lo, int hi) {
-  const nlohmann::json& v = j.at(key);
-  if (!v.is_number_integer())
-    throw std::runtime_error(path + ": router metadata field '" + key + "' is not an integer");
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
-                             : (v.get<int64_t>() < lo || v.get<int64_t>() > hi))
-    throw std::runtime_error(path + ": router metadata field '" + key + "' = " + v.dump() + " is out of range (" +
-                             std::to_string(lo) + " to " + std::to_string(hi) + ")");
-  return static_cast<int>(v.get<int64_t>());
-}
-
 std::string meta_str(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
   auto it = m.find(key);
   if (it == m.end()) throw std::runtime_error(path + ": router metadata lacks '" + key + "'");
@@ -81,8 +70,7 @@ void Router::save(const std::string& path) const {
     }
   }
   nlohmann::json targets(spec.targets);
-  nlohmann::json sparse = {{"block_size", spec.sparse.block}, {"sink", spec.sparse.sink}, {"local", spec.sparse.local},
-                           {"xattn", {{"stride", spec.sparse.xattn.stride}, {"tau", spec.sparse.xattn.tau}}}};
+  const nlohmann::json sparse = sparse_settings_to_json(spec.sparse);
   std::map<std::string, std::string> meta = {
       {"format", kFormat},
       {"version", kVersion},
@@ -146,15 +134,8 @@ Router Router::load(const std::string& path, const ModelConfig& model) {
       }
     }
     const nlohmann::json sp = parse_json_text(meta_str(m, "sparse", path), path + ": router metadata 'sparse'");
-    s.sparse.block = json_int(sp, "block_size", path, 1, kMaxContext);
-    s.sparse.sink = json_int(sp, "sink", path, 0, kMaxContext);
-    s.sparse.local = json_int(sp, "local", path, 0, kMaxContext);
-    s.sparse.xattn.stride = json_int(sp.at("xattn"), "stride", path, 1, kMaxContext);
-    const double tau = sp.at("xattn").at("tau").get<double>();
-    // Checked as a double: narrowing one beyond float's range is undefined; validate_sparse checks (0, 1].
-    if (!(tau > 0 && tau <= 1)) throw std::runtime_error(path + ": router metadata xattn tau must be in (0, 1]");
-    s.sparse.xattn.tau = static_cast<float>(tau);
-    s.sparse.xattn.block = s.sparse.block;
+    // Every field required: router files always write them all (sparse_pattern.h: one reader for routing files too).
+    s.sparse = sparse_settings_from_json(sp, path + ": router metadata 'sparse'", true);
     const nlohmann::json targets = parse_json_text(meta_str(m, "targets", path), path + ": router metadata 'targets'");
     if (!targets.is_object()) throw std::runtime_error(path + ": router metadata 'targets' is not a JSON object");
     for (auto& [k, v] : targets.items()) {

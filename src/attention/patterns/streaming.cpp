@@ -2,6 +2,8 @@
 // `local` tokens rounded up to blocks, diagonal included. Its keys fit a fixed sink + ring of slots.
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include "elastic/sparse_pattern.h"
 #include "elastic/streaming_rule.h"
 
@@ -27,6 +29,16 @@ const SparsePattern kStreamingPattern{
           return true;
         },
     .on_cuda = true,
+    .read_params =
+        [](const nlohmann::json& j, SparseSettings& s, const std::string& src, bool required) {
+          s.sink = sparse_int_field(j, "sink", 128, src, "sink", required);
+          s.local = sparse_int_field(j, "local", 2048, src, "local", required);
+        },
+    .write_params =
+        [](const SparseSettings& s, nlohmann::json& j) {
+          j["sink"] = s.sink;
+          j["local"] = s.local;
+        },
 };
 
 }  // namespace elastic
