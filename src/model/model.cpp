@@ -3,6 +3,7 @@
 
 #include "model/cached_attention.h"
 #include "model/cpu_layer.h"
+#include "router/router_mlp.h"
 #include "model/ops.h"
 
 #include <algorithm>
@@ -215,8 +216,9 @@ void PrefillCursor::step() {
       std::copy_n(x_.data() + static_cast<size_t>(pos[i]) * D, D, xb.data() + static_cast<size_t>(i) * D);
     Work wb(c, nb);
     qkv(m_, l, xb.data(), nb, 0, wb, false);
-    for (int i = 0; i < nb; ++i)
-      for (size_t j = 0; j < pooled.size(); ++j) pooled[j] += wb.k[static_cast<size_t>(i) * Hkv * hd + j] / nb;
+    std::vector<int> rows(nb);
+    for (int i = 0; i < nb; ++i) rows[i] = i;  // wb holds just the boundary rows
+    router::pool_rows<float>(wb.k.data(), rows, pooled.size(), pooled.data());
     router_->decide(l, pooled.data(), modes);
     check_xattn_chunk(modes, static_cast<size_t>(Hkv), T_, chunk_, decided_.sparse.block);
     cache_.allocate_layer(l, modes, decided_.sparse);

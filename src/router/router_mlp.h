@@ -27,6 +27,17 @@ template <class Real>
 void mlp_bwd(const Real* P, int d, int C, const Real* x, int n, const MlpActs<Real>& acts, const Real* dlogits,
              Real* dP, Real* dx);
 
+// The router's pooling rule: out[w] = the mean of rows `rows` of k (row width w = Hkv * hd: one prompt position's keys
+// after k_norm, before RoPE), each term divided by the count then summed in row order, so the CPU inference path and
+// the CPU trainer pool bit for bit alike. Which rows: boundary_positions (model.h).
+template <class Real>
+void pool_rows(const Real* k, const std::vector<int>& rows, size_t w, Real* out) {
+  const int n = static_cast<int>(rows.size());
+  for (size_t j = 0; j < w; ++j) out[j] = Real(0);
+  for (int r : rows)
+    for (size_t j = 0; j < w; ++j) out[j] += k[static_cast<size_t>(r) * w + j] / n;
+}
+
 // The router's input rule, in place on x[n, d] (the pooled keys of n KV heads): Pooled reads them as they are; the
 // learned-static control (HeadIdentity) replaces row h by sqrt(d) * e_h, the norm of a k_norm'ed key, so the MLP starts
 // in the same range as under pooled keys. HeadIdentity needs n <= d (validate_router_spec). Inference, both trainers

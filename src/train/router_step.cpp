@@ -72,10 +72,8 @@ struct RouterStep<Real>::Impl {
       rmsnorm_fwd(A.k.data(), W.k_norm.data(), A.kn.data(), T * Hkv, hd, c.rms_eps);
     }
     // Router: boundary-pooled keys after k_norm, before RoPE; weights shared across the layer's KV heads.
-    const int nb = static_cast<int>(pool_pos.size());
-    A.pooled.assign(static_cast<size_t>(Hkv) * hd, Real(0));
-    for (int p : pool_pos)
-      for (size_t j = 0; j < A.pooled.size(); ++j) A.pooled[j] += A.kn[static_cast<size_t>(p) * Hkv * hd + j] / nb;
+    A.pooled.resize(static_cast<size_t>(Hkv) * hd);
+    router::pool_rows<Real>(A.kn.data(), pool_pos, A.pooled.size(), A.pooled.data());
     router::apply_router_input(spec.input, Hkv, hd, A.pooled.data());
     A.logits.resize(static_cast<size_t>(Hkv) * C);
     router::mlp_fwd<Real>(P + layer_size * l, hd, C, A.pooled.data(), Hkv, A.logits.data(), &A.mlp);
