@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -283,14 +284,32 @@ void paged_table(const std::vector<int>& lengths, Timer& timer) {
 int main(int argc, char** argv) {
   std::vector<int> lengths;
   bool decode_only = false, kernels_only = false, paired_only = false, paged_only = false;
+  // XAttention forward on random block lists that keep this share of each query block's causal key blocks: the
+  // speed at the density real attention gives (bench --density on SmolLM2, 8K: mean 0.17 at block 64; 2K: 0.38),
+  // where random Q/K make the estimator keep ~0.89.
+  std::vector<double> xa_densities = {0.17, 0.38};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--decode") decode_only = true;
     else if (a == "--paged") paged_only = true, decode_only = true;
     else if (a == "--kernels") kernels_only = true;  // only the all-full / all-streaming rows of each kernel
     else if (a == "--paired") paired_only = true;     // only the paired SA-cost table
+    else if (a == "--xa-density" && i + 1 < argc) {  // comma list in (0, 1]
+      xa_densities.clear();
+      std::stringstream ss(argv[++i]);
+      for (std::string x; std::getline(ss, x, ',');) {
+        char* end = nullptr;
+        const double d = std::strtod(x.c_str(), &end);
+        if (x.empty() || *end || !(d > 0 && d <= 1)) {
+          std::fprintf(stderr, "bench_attention_gpu: --xa-density takes densities in (0, 1], got '%s'\n", x.c_str());
+          return 2;
+        }
+        xa_densities.push_back(d);
+      }
+    }
     else if (a.empty() || a.find_first_not_of("0123456789") != std::string::npos || std::atoi(a.c_str()) <= 0) {
-      std::fprintf(stderr, "bench_attention_gpu: bad argument '%s' (usage: [--decode | --paged | --kernels | --paired] [T ...])\n",
+      std::fprintf(stderr, "bench_attention_gpu: bad argument '%s' (usage: [--decode | --paged | --kernels | --paired] "
+                           "[--xa-density D,...] [T ...])\n",
                    a.c_str());
       return 2;
     } else lengths.push_back(std::atoi(a.c_str()));
@@ -480,6 +499,33 @@ int main(int argc, char** argv) {
       row("xattn (forward only)", 1.0, t, pr);
       row("xattn estimate (GPU, tensor cores)", 1.0, t_est, 0.0);
       row("xattn estimate + forward", 1.0, t_est + t, pr);
+      // The same forward on random lists at set densities: per (head, query block), block 0 and the diagonal, and each
+      // block between with the probability that makes the expected kept share the density (uniform over heads; real
+      // heads spread around it, docs/PERFORMANCE.md).
+      for (const double dens : xa_densities) {
+        std::vector<int32_t> rc(size_t(Hq) * nb), ro(rc.size()), rb(cap);
+        std::mt19937_64 lr(7);
+        for (int h = 0; h < Hq; ++h)
+          for (int qb = 0; qb < nb; ++qb) {
+            const size_t r = size_t(h) * nb + qb;
+            ro[r] = static_cast<int32_t>(int64_t(h) * nb * (nb + 1) / 2 + int64_t(qb) * (qb + 1) / 2);
+            const double keep_mid = qb > 1 ? std::clamp((dens * (qb + 1) - 2) / (qb - 1), 0.0, 1.0) : 0.0;
+            std::bernoulli_distribution coin(keep_mid);
+            int c = 0;
+            for (int kb = 0; kb <= qb; ++kb)
+              if (kb == 0 || kb == qb || coin(lr)) rb[ro[r] + c++] = kb;
+            rc[r] = c;
+          }
+        ELASTIC_CUDA_CHECK(cudaMemcpy(cnt, rc.data(), rc.size() * 4, cudaMemcpyHostToDevice));
+        ELASTIC_CUDA_CHECK(cudaMemcpy(off, ro.data(), ro.size() * 4, cudaMemcpyHostToDevice));
+        ELASTIC_CUDA_CHECK(cudaMemcpy(blocks, rb.data(), rb.size() * 4, cudaMemcpyHostToDevice));
+        const double td = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
+        double pd = 0;
+        for (int h = 0; h < Hq; ++h) pd += pairs_head(mx, T, B, &rc, &rb, &ro, h, nb);
+        char name[96];
+        std::snprintf(name, sizeof name, "xattn forward, random lists at density %.2f", dens);
+        row(name, 1.0, td, pd);
+      }
       ELASTIC_CUDA_CHECK(cudaFree(blocks));
       ELASTIC_CUDA_CHECK(cudaFree(off));
       ELASTIC_CUDA_CHECK(cudaFree(cnt));
