@@ -40,12 +40,15 @@ GROUPS = [  # (group, member prefix, description)
     ("sweep-tauexp-static", "sweep_tauexpstatic", "learned-static twin of sweep-tauexp"),
     ("sweep-len4k", "sweep_len4k", "adaptive, seed 1, trained on 1K, 2K and 4K prompts (not 1K)"),
     ("sweep-len4k-static", "sweep_len4kstatic", "learned-static twin of sweep-len4k"),
+    ("sweep-targets", "sweep_targets", "adaptive, seed 1, sensitive target 0.5 (not 0.7), multiplier lr 1e-2"),
+    ("sweep-targets-static", "sweep_targetsstatic", "learned-static twin of sweep-targets"),
 ]
 SWEEPS = [  # (sweep group, its learned-static control: a group or a member, what the sweep changes)
     ("sweep-pool400", "static_s1", "pooling window 400 (the head-identity control ignores pooling)"),
     ("sweep-mlr1e-2", "sweep-mlr1e-2-static", "multiplier lr 1e-2, against its own learned-static twin"),
     ("sweep-tauexp", "sweep-tauexp-static", "exponential temperature schedule, against its twin"),
     ("sweep-len4k", "sweep-len4k-static", "training prompts of 1K-4K, against its twin"),
+    ("sweep-targets", "sweep-targets-static", "class targets 0.5 / 1.0, against its twin"),
 ]
 
 
@@ -155,7 +158,8 @@ def svg_headmap(path, title, share, L, H):
 COLORS = {"full": "#000000", "adaptive": "#d62728", "learned-static": "#1f77b4", "random": "#7f7f7f",
           "static-task-probe": "#2ca02c", "static-classic-probe": "#98df8a", "ssa": "#9467bd", "sweep-pool400": "#ff7f0e", "sweep-mlr1e-2": "#e377c2",
           "sweep-mlr1e-2-static": "#17becf", "sweep-tauexp": "#bcbd22", "sweep-tauexp-static": "#8c564b",
-          "sweep-len4k": "#ff9896", "sweep-len4k-static": "#c5b0d5"}
+          "sweep-len4k": "#ff9896", "sweep-len4k-static": "#c5b0d5", "sweep-targets": "#9edae5",
+          "sweep-targets-static": "#dbdb8d"}
 
 
 def analyze(rows, a, rng, prefix, title):

@@ -45,9 +45,11 @@ SAMPLES=${SAMPLES:-50}
 TASKS=${TASKS:-niah_single_2,niah_multikey_1,qa_1,sum_recap,code_continue,continue_text,niah_single_3,niah_multivalue,qa_2}
 # Sweeps (what changes the picture), "name|train-router flags" beyond the shared ones, seed 1: the pooling window (the
 # router sees only the first and last 100 tokens), run 3's multiplier lr 1e-2 (with its own learned-static twin), the
-# temperature schedule, and the training length (1K-4K prompts; --max-len in a sweep replaces MAXLEN). A sweep that
+# temperature schedule, the training length (1K-4K prompts; --max-len in a sweep replaces MAXLEN), and class targets
+# farther apart (sensitive 0.5, robust 1.0, with lr 1e-2 so they are reached: the adaptive router then has a reason
+# to route the classes differently, the static one cannot). A sweep that
 # leaves the head-identity input's training unchanged (pooling) is paired with static_s1; the others with a twin.
-SWEEPS=${SWEEPS-"pool400|--router-input pooled --multiplier-lr $MLR --pool 400;mlr1e-2|--router-input pooled --multiplier-lr 1e-2;mlr1e-2static|--router-input head-identity --multiplier-lr 1e-2;tauexp|--router-input pooled --multiplier-lr $MLR --tau-schedule exp;tauexpstatic|--router-input head-identity --multiplier-lr $MLR --tau-schedule exp;len4k|--router-input pooled --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160;len4kstatic|--router-input head-identity --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160"}
+SWEEPS=${SWEEPS-"pool400|--router-input pooled --multiplier-lr $MLR --pool 400;mlr1e-2|--router-input pooled --multiplier-lr 1e-2;mlr1e-2static|--router-input head-identity --multiplier-lr 1e-2;tauexp|--router-input pooled --multiplier-lr $MLR --tau-schedule exp;tauexpstatic|--router-input head-identity --multiplier-lr $MLR --tau-schedule exp;len4k|--router-input pooled --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160;len4kstatic|--router-input head-identity --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160;targets|--router-input pooled --multiplier-lr 1e-2 --target retrieval=0.5 --target qa=0.5;targetsstatic|--router-input head-identity --multiplier-lr 1e-2 --target retrieval=0.5 --target qa=0.5"}
 RANDOM_DRAWS=${RANDOM_DRAWS:-5}
 PROBE_PROMPTS=${PROBE_PROMPTS:-50}
 BUDGET=${BUDGET:-560}
