@@ -42,7 +42,7 @@ SEEDS=${SEEDS:-1 2 3}
 LENGTHS=${LENGTHS:-1024}
 LONG=${LONG-4096}  # a second eval length for phase 6 (LONG= : none)
 SAMPLES=${SAMPLES:-50}
-TASKS=${TASKS:-niah_single_2,niah_multikey_1,qa_1,sum_recap,code_continue,continue_text,niah_single_3,niah_multivalue,qa_2}
+TASKS=${TASKS:-niah_single_2,niah_multikey_1,qa_1,sum_recap,code_continue,continue_text,niah_single_3,niah_multivalue,qa_2,recap_last}
 # Sweeps (what changes the picture), "name|train-router flags" beyond the shared ones, seed 1: the pooling window (the
 # router sees only the first and last 100 tokens), run 3's multiplier lr 1e-2 (with its own learned-static twin), the
 # temperature schedule, the training length (1K-4K prompts; --max-len in a sweep replaces MAXLEN), and class targets

@@ -36,7 +36,9 @@ TaskSpec spec(const std::string& name) {
   return s;
 }
 
-bool is_robust(const std::string& n) { return n == "sum_recap" || n == "continue_text" || n == "code_continue"; }
+bool is_robust(const std::string& n) {
+  return n == "sum_recap" || n == "recap_last" || n == "continue_text" || n == "code_continue";
+}
 
 std::vector<int32_t> slice(const std::vector<int32_t>& v, int b, int e) { return {v.begin() + b, v.begin() + e}; }
 
@@ -121,7 +123,7 @@ TEST(EvalTasks, TokenizerModeExactLengthAndAnswersInEvidence) {
 TEST(EvalTasks, ParaphrasedTemplatesAskTheSameFactsInOtherWords) {
   const Tokenizer& tok = qwen();
   for (const std::string& name : {"niah_single_2", "niah_multikey_1", "niah_multivalue", "niah_multikey_2", "qa_1",
-                                  "qa_2", "sum_recap"}) {
+                                  "qa_2", "sum_recap", "recap_last"}) {
     SCOPED_TRACE(name);
     TaskSpec plain = spec(name), para = spec(name);
     para.paraphrase = true;
@@ -215,9 +217,28 @@ TEST(EvalTasks, ChatFormatWrapsThePrompt) {
     EXPECT_EQ(y.input.rfind("<|im_start|>user\n", 0), 0u) << name;
     const std::string tail = tok.decode({y.prompt_ids.end() - 8, y.prompt_ids.end()});
     EXPECT_NE(y.input.find("<|im_end|>\n<|im_start|>assistant\n"), std::string::npos) << name;
-    if (is_robust(name) && name != "sum_recap")  // a continuation's reference is the whole assistant reply
+    if (is_robust(name) && name != "sum_recap" && name != "recap_last")  // a continuation's reference: the whole reply
       EXPECT_NE(tail.find("<|im_start|>assistant\n"), std::string::npos) << name << ": " << tail;
   }
+}
+
+// recap_last, the held-out robust task: the reference is the context's final sentence, which ends the context right
+// before the question; held out of the training mix.
+TEST(EvalTasks, RecapLastAsksForTheFinalSentence) {
+  const Tokenizer& tok = qwen();
+  for (const int T : {300, 1200}) {
+    const TaskSample s = make_sample(spec("recap_last"), &tok, T, 5);
+    check_common(s, T, tok.vocab_size());
+    EXPECT_EQ(s.metric, TaskMetric::Likelihood);
+    const std::string ref = tok.decode(s.reference_ids);
+    ASSERT_GT(ref.size(), 10u);
+    const size_t at = s.input.rfind(ref);
+    ASSERT_NE(at, std::string::npos) << ref;
+    EXPECT_LT(s.input.find("Repeat the last sentence", at), s.input.size());  // the question comes after it
+    EXPECT_EQ(s.input.find(ref, at + 1), std::string::npos);
+  }
+  EXPECT_STREQ(task_split("recap_last"), "held-out");
+  EXPECT_NE(make_sample(spec("recap_last"), &tok, 600, 1).reference_ids, make_sample(spec("recap_last"), &tok, 600, 2).reference_ids);
 }
 
 TEST(EvalTasks, HaystackAndCodeCorpusFiles) {

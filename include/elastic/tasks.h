@@ -51,7 +51,8 @@ struct TaskSample {
 };
 
 // All task names in suite order: niah_single_1..3, niah_single_words, niah_multikey_1..3, niah_multivalue,
-// niah_multiquery, vt, cwe, fwe, qa_1, qa_2, sum_recap, continue_text, code_continue.
+// niah_multiquery, vt, cwe, fwe, qa_1, qa_2, sum_recap, recap_last, continue_text, code_continue. recap_last (repeat
+// the text's last sentence) is a robust task kept out of the training mix, so the held-out split has one.
 const std::vector<std::string>& ruler_task_names();
 bool is_task_name(const std::string& name);
 // The router's built-in training mix draws only these tasks (builtin_train_mix); every other task is held out. Eval

@@ -243,7 +243,7 @@ const std::vector<std::string>& ruler_task_names() {
   static const std::vector<std::string> v = {
       "niah_single_1", "niah_single_2", "niah_single_3", "niah_single_words", "niah_multikey_1", "niah_multikey_2",
       "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2", "sum_recap",
-      "continue_text", "code_continue"};
+      "recap_last", "continue_text", "code_continue"};
   return v;
 }
 

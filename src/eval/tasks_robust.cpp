@@ -195,10 +195,37 @@ TaskSample sum_recap(const TaskSpec& spec, const Enc& enc, int target, uint64_t 
   return s;
 }
 
+// Held out from the training mix (a robust task the router never saw): repeat the text's last sentence. The answer
+// sits at the very end of the context, so local attention suffices, as for the other robust tasks. The sentence is
+// generated, so the reference is known exactly whatever the haystack.
+TaskSample recap_last(const TaskSpec& spec, const Enc& enc, int target, uint64_t seed) {
+  SplitMix64 r(seed ^ 0x1A57ull);
+  const bool para = spec.paraphrase;
+  const std::string head = para ? "Here is a passage; pay attention to how it ends.\n" : "Read the following text.\n";
+  const std::string tail = para ? "\nQuote the closing sentence of the passage exactly."
+                                : "\nRepeat the last sentence of the text above, word for word.";
+  const std::string prefix = para ? " Closing sentence:" : " Last sentence:";
+  std::string sentence = filler_text(r, 1);
+  while (!sentence.empty() && sentence.back() == '\n') sentence.pop_back();
+  const std::vector<int32_t> last = enc.ids(" " + sentence);
+  const Frame f = make_frame(spec, enc, target, head, tail, prefix, static_cast<int>(last.size()) + 8);
+  std::vector<int32_t> hay = essay_ids(spec, enc, f.budget - static_cast<int>(last.size()), seed);
+  Context c = insert_needles(hay, {last}, {1.0}, enc);  // depth 1: after the haystack's last token
+  TaskSample s;
+  s.task = spec.name;
+  s.task_class = "summarization";
+  s.metric = TaskMetric::Likelihood;
+  finish(s, f, c, enc, target);
+  s.reference_ids = last;
+  s.output = " " + sentence;
+  return s;
+}
+
 }  // namespace
 
 TaskSample make_robust(const TaskSpec& spec, const Enc& enc, int target, uint64_t seed) {
   if (spec.name == "sum_recap") return sum_recap(spec, enc, target, seed);
+  if (spec.name == "recap_last") return recap_last(spec, enc, target, seed);
   if (spec.name == "continue_text") {
     std::string corpus;
     if (!spec.haystack_file.empty()) corpus = read_haystack_file(spec.haystack_file);
