@@ -254,6 +254,15 @@ def analyze(rows, a, rng, prefix, title):
                 members[c] = [c]  # a single member as its own group, for pairing
             lines.append(f"| {g} | {c} | {what} | " + " | ".join(fmt_ci(*paired(g, c, s, kd)) for s, kd in cols) + " |")
 
+    # 2b. Per task: each group's mean score (accuracy tasks: string match 0-100; likelihood: 100 x exp(mean log-prob)).
+    shown = [g for g, _, _ in GROUPS if g in members and not g.startswith("sweep")]
+    lines += ["", "## Per task (mean score over prompts; the group's members averaged per prompt)", "",
+              "| task | split | kind | " + " | ".join(shown) + " |", "|---|---|---|" + "---:|" * len(shown)]
+    for t in tasks:
+        ks = [k for k in keys if k[0] == t]
+        lines.append(f"| {t} | {split_of(t)} | {kind_of(by_method['full'][ks[0]])} | " +
+                     " | ".join(f"{mean([group_value(g, k) for k in ks]):.1f}" for g in shown) + " |")
+
     # 3. Spread over seeds and draws: each member's own difference to full, accuracy and likelihood pooled over splits.
     lines += ["", "## Each member against full (points, all tasks of a kind pooled)", "",
               "| group | member | Omega_MSR | accuracy | likelihood |", "|---|---|---:|---:|---:|"]

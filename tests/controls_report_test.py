@@ -58,6 +58,8 @@ def main():
     expect("# The same on held-out templates", "the paraphrase section")
     expect("| adaptive | -20.0 [-20.0, -20.0] |", "paraphrased adaptive - full")
     expect("accuracy, held-out", "a held-out column")
+    expect("| niah_single_3 | held-out | accuracy | 80.0 | 70.0 | 76.0 | 40.0 | 30.0 |", "the per-task table")
+    expect("| sum_recap | train | likelihood | 50.0 | 40.0 |", "a likelihood task's row")
     for f in ("pareto_accuracy_flops.svg", "pareto_class_retrieval_kv.svg", "headmap_adaptive_s1_niah_single_2.svg",
               "para_pareto_likelihood_kv.svg"):
         if not os.path.exists(os.path.join(out, f)):
