@@ -62,6 +62,12 @@ expect_fail "--target 'qa=2': the value must be in [0, 1]" $TR --target qa=2 -o 
 printf 'not json\n{"task": "qa"}\n' > $TMP/bad.jsonl
 expect_fail "bad.jsonl: no usable training sample in 2 lines" $TR --data $TMP/bad.jsonl -o $TMP/x.safetensors --log $TMP/x.jsonl
 expect_fail "give one of --routing, --mode and --router" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --mode ssa --router $TMP/router.safetensors
+# route export: a pooled-input router has no one routing; a learned-static one exports a file generate runs.
+expect_fail "routing differs per prompt" $BIN route export -m $FX/qwen3_tiny --router $TMP/router.safetensors -o $TMP/x.json
+$TR --router-input head-identity -o $TMP/static.safetensors >/dev/null 2>&1 &&
+  $BIN route export -m $FX/qwen3_tiny --router $TMP/static.safetensors -o $TMP/static_routing.json >/dev/null 2>&1 &&
+  $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --routing $TMP/static_routing.json >/dev/null 2>&1 ||
+  { echo "FAIL: route export"; fails=$((fails+1)); }
 expect_fail "unknown suite" $BIN eval -m $FX/qwen3_tiny --suite longbench -o $TMP/ev
 expect_fail "bad entry '4q'" $BIN eval -m $FX/qwen3_tiny --lengths 4q -o $TMP/ev
 expect_fail "exceeds the model's 128-token context" $BIN eval -m $FX/qwen3_tiny --lengths 4k -o $TMP/ev

@@ -593,6 +593,29 @@ TEST(TrainRouterDataParallel, RanksEqualOneRankWithTheSameGlobalBatch) {
   }
 }
 
+// A learned-static router's one routing (route export): what it decides in a prefill of any prompt, with its sparse
+// settings; a router that reads the prompt has none to export.
+TEST(RouterExport, LearnedStaticRouterHasOneRouting) {
+  Model m = Model::load(fixture());
+  RouterSpec hs = spec_for(m);
+  hs.input = RouterInput::HeadIdentity;
+  auto r = std::make_shared<Router>(Router::init(hs, 11));
+  const RoutingTable fixed = r->fixed_routing();
+  EXPECT_EQ(fixed.sparse.local, hs.sparse.local);
+  m.router = r;
+  std::mt19937_64 rng(3);
+  for (int prompt = 0; prompt < 2; ++prompt) {
+    std::vector<int32_t> ids(90);
+    for (auto& t : ids) t = static_cast<int32_t>(rng() % m.config.vocab);
+    KVCache cache;
+    cache.init_deferred(m.config, static_cast<int>(ids.size()));
+    std::vector<float> logits;
+    m.prefill(ids.data(), static_cast<int>(ids.size()), 32, cache, logits, false);
+    EXPECT_EQ(cache.routing.mode, fixed.mode) << "prompt " << prompt;
+  }
+  EXPECT_THROW(Router::init(spec_for(m), 11).fixed_routing(), std::invalid_argument);
+}
+
 // The representation analysis: the recorder sees exactly the router's input; two copies of a prompt have cosine 1
 // before and after the task MLP, so a set where each task's prompts are copies separates perfectly (within = 1); the
 // model's own router is put back; too few prompts are refused.

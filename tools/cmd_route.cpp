@@ -1,4 +1,5 @@
 // elastic route static: the DuoAttention-style baseline routing from probe scores.
+// elastic route export: a learned-static router's one routing as a routing file.
 // elastic route features: how well a trained router's input and task MLP separate tasks, per layer.
 #include <algorithm>
 #include <chrono>
@@ -35,6 +36,21 @@ void add_route_command(CLI::App& app, Commands& cmds) {
     r.sparse = o->sparse;
     save_routing(r, o->out);
     std::fprintf(stderr, "wrote %s: %d of %d KV heads full, Omega_MSR %.3f\n", o->out.c_str(),
+                 static_cast<int>(std::count(r.mode.begin(), r.mode.end(), HeadMode::Full)),
+                 static_cast<int>(r.mode.size()), r.msr());
+  }});
+
+  struct XOpts { std::string model, router, out = "routing.json"; };
+  auto x = std::make_shared<XOpts>();
+  auto* ex = rt->add_subcommand("export", "A learned-static router's one routing as a routing file (run it with --routing, no router)");
+  add_model_option(ex, x->model);
+  ex->add_option("--router", x->router, "Learned-static router file (train-router --router-input head-identity)")->required();
+  ex->add_option("-o,--output", x->out, "Routing JSON");
+  cmds.push_back({ex, [x] {
+    const Model m = Model::load(x->model);
+    const RoutingTable r = Router::load(x->router, m.config).fixed_routing();
+    save_routing(r, x->out);
+    std::fprintf(stderr, "wrote %s: %d of %d KV heads full, Omega_MSR %.3f\n", x->out.c_str(),
                  static_cast<int>(std::count(r.mode.begin(), r.mode.end(), HeadMode::Full)),
                  static_cast<int>(r.mode.size()), r.msr());
   }});

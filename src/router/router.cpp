@@ -95,4 +95,16 @@ void Router::decide(int layer, const float* pooled, HeadMode* modes) const {
     modes[h] = router::gate_full(lg.data() + static_cast<size_t>(h) * C, C) ? spec.dense_mode : spec.sparse_mode;
 }
 
+RoutingTable Router::fixed_routing() const {
+  if (spec.input != RouterInput::HeadIdentity)
+    throw std::invalid_argument("this router reads the prompt (input: pooled keys), so its routing differs per prompt; "
+                                "only a learned-static router (train-router --router-input head-identity) has one "
+                                "routing to export");
+  RoutingTable r = RoutingTable::all_full(spec.n_layers, spec.n_kv_heads);
+  r.sparse = spec.sparse;
+  const std::vector<float> unused(static_cast<size_t>(spec.n_kv_heads) * spec.head_dim, 0.f);  // input replaced
+  for (int l = 0; l < spec.n_layers; ++l) decide(l, unused.data(), r.mode.data() + static_cast<size_t>(l) * spec.n_kv_heads);
+  return r;
+}
+
 }  // namespace elastic
