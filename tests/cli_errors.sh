@@ -64,7 +64,7 @@ expect_fail "bad.jsonl: no usable training sample in 2 lines" $TR --data $TMP/ba
 expect_fail "give one of --routing, --mode and --router" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --mode ssa --router $TMP/router.safetensors
 # route export: a pooled-input router has no one routing; a learned-static one exports a file generate runs.
 expect_fail "routing differs per prompt" $BIN route export -m $FX/qwen3_tiny --router $TMP/router.safetensors -o $TMP/x.json
-$TR --router-input head-identity -o $TMP/static.safetensors >/dev/null 2>&1 &&
+$TR --router-input head-identity -o $TMP/static.safetensors --log $TMP/static.jsonl >/dev/null 2>&1 &&
   $BIN route export -m $FX/qwen3_tiny --router $TMP/static.safetensors -o $TMP/static_routing.json >/dev/null 2>&1 &&
   $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --routing $TMP/static_routing.json >/dev/null 2>&1 ||
   { echo "FAIL: route export"; fails=$((fails+1)); }
