@@ -158,4 +158,10 @@ void no_cuda_backend(const char* cmd, const char* flag) {
                            "); rebuild with the CUDA toolkit installed (cmake -DELASTIC_CUDA=ON)");
 }
 
+std::string beside_markdown(const std::string& md_path, const std::string& suffix) {
+  std::string p = md_path;
+  if (p.size() > 3 && p.compare(p.size() - 3, 3, ".md") == 0) p.resize(p.size() - 3);
+  return p + suffix;
+}
+
 }  // namespace elastic::cli

@@ -57,6 +57,9 @@ void resolve_model(std::string& model, const char* cmd);
 void add_sparse_options(CLI::App* sub, SparseSettings& s, const std::string& what = "");
 
 std::string ids_json(const std::vector<int32_t>& ids);
+// A file beside a Markdown report: `md_path` without a trailing ".md", then `suffix` ("report.md", "_x.svg" ->
+// "report_x.svg"; a path without ".md" keeps its whole name).
+std::string beside_markdown(const std::string& md_path, const std::string& suffix);
 // The tokenizer of model_tokenizer_path (the override, a GGUF file itself, or the folder's tokenizer.json), looked up
 // once; null when there is none, or a throw naming the model when `required`.
 std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& model, const std::string& override_path,

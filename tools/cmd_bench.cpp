@@ -168,11 +168,11 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--chunk", o->chunk, "Prefill chunk size")->check(in_range(1, kMaxTokens));
   add_sparse_options(sub, o->sparse);
   sub->add_option("--seed", o->seed, "Seed (weights, prompts, hybrid routings)");
-  // Real text instead of random ids: what XAttention keeps depends on how peaked real attention is.
   sub->add_option("--density", o->density,
                   "CPU: per (layer, KV head) share of key blocks XAttention heads kept in each row's last prefill, as "
                   "Markdown in this file and a heat map per row beside it (<file without .md>_<mode>_<T>.svg); "
                   "with --text, what real attention keeps");
+  // Real text instead of random ids: what XAttention keeps depends on how peaked real attention is.
   sub->add_option("--text", o->text,
                   "Prompt text file, tokenized with -m's tokenizer; each row runs its first T tokens (default: random "
                   "token ids)");
@@ -316,9 +316,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
         if (!o->density.empty() && !gpu) {
           const HeadDensity d = selected_head_density(last, r);
           if (d.heads() > 0) {
-            std::string svg = o->density;
-            if (svg.size() > 3 && svg.compare(svg.size() - 3, 3, ".md") == 0) svg.resize(svg.size() - 3);
-            svg += "_" + mode + "_" + std::to_string(T) + ".svg";
+            const std::string svg = beside_markdown(o->density, "_" + mode + "_" + std::to_string(T) + ".svg");
             write_heatmap_svg(svg, d.kept, d.n_layers, d.n_kv_heads,
                               mode + ", " + std::to_string(T) + " tokens: share of key blocks kept", "layer",
                               "KV head");

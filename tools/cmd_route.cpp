@@ -124,9 +124,7 @@ void add_route_command(CLI::App& app, Commands& cmds) {
     std::vector<double> x(s.n_layers), gb(s.n_layers), ga(s.n_layers);
     for (int l = 0; l < s.n_layers; ++l)
       x[l] = l, gb[l] = s.before[l].task_variance_share, ga[l] = s.after[l].task_variance_share;
-    std::string svg = f->out;
-    if (svg.size() > 3 && svg.compare(svg.size() - 3, 3, ".md") == 0) svg.resize(svg.size() - 3);
-    svg += ".svg";
+    const std::string svg = beside_markdown(f->out, ".svg");
     write_line_chart_svg(svg, "Share of feature variance explained by the task, per layer", "layer", "eta^2",
                          {{"pooled keys", x, gb}, {"after task MLP", x, ga}}, false, true);
     std::printf("%s", table.c_str());

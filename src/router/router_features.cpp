@@ -88,7 +88,7 @@ LayerSeparation layer_separation(const std::vector<std::vector<std::vector<float
         m /= static_cast<double>(members.size());
         between += static_cast<double>(members.size()) * m * m;
       }
-    s.task_variance_share += (total > 0 ? between / total : 0.0) / H;
+    s.task_variance_share += between / total / H;  // total > 0: checked above
   }
   return s;
 }
