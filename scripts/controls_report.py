@@ -58,7 +58,12 @@ def load(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+ROLE = {}  # method -> group at the length being analysed (--roles), ahead of the name prefixes
+
+
 def group_of(method):
+    if method in ROLE:
+        return ROLE[method]
     for g, prefix, _ in GROUPS:
         if method == prefix or (prefix.endswith(("_s", "_")) and method.startswith(prefix)):
             return g
@@ -344,7 +349,20 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--boot", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--roles", default="", help="LEN:METHOD=GROUP,... e.g. 4096:sweep_len4k=adaptive,4096:sweep_len4kstatic="
+                    "learned-static: at a length where other routers than adaptive_s*/static_s* ran, they take the roles "
+                    "(the controls there were matched to their Omega)")
     a = ap.parse_args()
+    roles = {}
+    for item in filter(None, a.roles.split(",")):
+        try:
+            length, rest = item.split(":", 1)
+            method, group = rest.split("=", 1)
+            roles.setdefault(int(length), {})[method] = group
+        except ValueError:
+            ap.error(f"--roles: '{item}' is not LEN:METHOD=GROUP")
+        if group not in {g for g, _, _ in GROUPS}:
+            ap.error(f"--roles: unknown group '{group}'")
     rng = random.Random(a.seed)
     rows = load(a.results)
     os.makedirs(a.out, exist_ok=True)
@@ -358,8 +376,13 @@ def main():
     for i, L in enumerate(lengths):  # one analysis per prompt length: the controls are matched at each length's Omega
         sub = [r for r in plain if r["length"] == L]
         title = "# Elastic Attention against its controls at matched sparsity" + (f", {L}-token prompts" if len(lengths) > 1 else "")
+        ROLE.clear()
+        ROLE.update(roles.get(L, {}))
+        if ROLE:
+            title += " (" + "; ".join(f"{g}: {m}" for m, g in ROLE.items()) + ")"
         lines += ([""] if i else []) + analyze(sub, a, rng, f"L{L}_" if i else "", title)
     if para:
+        ROLE.clear()
         lines += [""] + analyze(para, a, rng, "para_", "# The same on held-out templates (eval --paraphrase)")
     with open(os.path.join(a.out, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -16,7 +16,14 @@
 # Eval prompts use a real-text haystack (Debian's licence texts, carried as .ctl_in/haystack.txt: the router trained
 # on the synthetic grammar) and real C++ for code_continue (this repo's src/model), over the training tasks and held-out
 # ones. Results: .ctl/eval_*/results.jsonl, merged into $OUT/results.jsonl.gz with the training logs and the report.
-# Env: STEPS, BATCH, MAXLEN, LR, MLR, SEEDS ("1 2 3"), LENGTHS, LONG, SAMPLES, TASKS, RANDOM_DRAWS, PROBE_PROMPTS, BUDGET
+# A fresh machine can take up a finished earlier run: RESTORE=docs/results/<run> rebuilds the eval folders from that
+# run's results.jsonl.gz and its probe and matched Omega from its train_logs.tgz, so only what is missing runs (the
+# routers are retrained, same command and seeds, for the phases that still need them).
+# Env: STEPS, BATCH, MAXLEN, LR, MLR, SEEDS ("1 2 3"), LENGTHS, LONG, SAMPLES, TASKS, TASKS_LONG (the tasks at LONG,
+# default TASKS), LONG_ROUTERS (the routers phase 6 runs, adaptive ones first: "adaptive|static" names of .ctl routers,
+# default the main ones), MAIN (0: train no main routers, for a run restored from one that has their results),
+# RANDOM_DRAWS, PROBE_PROMPTS, SWEEP_START (seconds a call must have left to start the sweep trainings,
+# which cannot resume: default 470), RESTORE, BUDGET
 # (seconds this call may use, default 560; stages that do not fit are left for the next call), DEVICE (cuda; cpu for a
 # dry run of the script here with tiny settings, e.g. STEPS=2 MAXLEN=300 LENGTHS=256 SAMPLES=1 SEEDS=1 PROBE_PROMPTS=1).
 set -uo pipefail
@@ -43,13 +50,19 @@ LENGTHS=${LENGTHS:-1024}
 LONG=${LONG-4096}  # a second eval length for phase 6 (LONG= : none)
 SAMPLES=${SAMPLES:-50}
 TASKS=${TASKS:-niah_single_2,niah_multikey_1,qa_1,sum_recap,code_continue,continue_text,niah_single_3,niah_multivalue,qa_2,recap_last}
+TASKS_LONG=${TASKS_LONG:-$TASKS}
+SWEEP_START=${SWEEP_START:-470}
+RESTORE=${RESTORE:-}
+MAIN=${MAIN:-1}
 # Sweeps (what changes the picture), "name|train-router flags" beyond the shared ones, seed 1: the pooling window (the
 # router sees only the first and last 100 tokens), run 3's multiplier lr 1e-2 (with its own learned-static twin), the
-# temperature schedule, the training length (1K-4K prompts; --max-len in a sweep replaces MAXLEN), and class targets
+# temperature schedule, the training length (1K-4K prompts, about 2.3x the tokens per step, so half the steps: about the
+# main routers' token budget, and a training that fits one call; --max-len and --steps in a sweep replace the shared
+# ones), and class targets
 # farther apart (sensitive 0.5, robust 1.0, with lr 1e-2 so they are reached: the adaptive router then has a reason
 # to route the classes differently, the static one cannot). A sweep that
 # leaves the head-identity input's training unchanged (pooling) is paired with static_s1; the others with a twin.
-SWEEPS=${SWEEPS-"pool400|--router-input pooled --multiplier-lr $MLR --pool 400;mlr1e-2|--router-input pooled --multiplier-lr 1e-2;mlr1e-2static|--router-input head-identity --multiplier-lr 1e-2;tauexp|--router-input pooled --multiplier-lr $MLR --tau-schedule exp;tauexpstatic|--router-input head-identity --multiplier-lr $MLR --tau-schedule exp;len4k|--router-input pooled --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160;len4kstatic|--router-input head-identity --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160;targets|--router-input pooled --multiplier-lr 1e-2 --target retrieval=0.5 --target qa=0.5;targetsstatic|--router-input head-identity --multiplier-lr 1e-2 --target retrieval=0.5 --target qa=0.5"}
+SWEEPS=${SWEEPS-"pool400|--router-input pooled --multiplier-lr $MLR --pool 400;mlr1e-2|--router-input pooled --multiplier-lr 1e-2;mlr1e-2static|--router-input head-identity --multiplier-lr 1e-2;tauexp|--router-input pooled --multiplier-lr $MLR --tau-schedule exp;tauexpstatic|--router-input head-identity --multiplier-lr $MLR --tau-schedule exp;len4k|--router-input pooled --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160 --steps 250;len4kstatic|--router-input head-identity --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160 --steps 250;targets|--router-input pooled --multiplier-lr 1e-2 --target retrieval=0.5 --target qa=0.5;targetsstatic|--router-input head-identity --multiplier-lr 1e-2 --target retrieval=0.5 --target qa=0.5"}
 RANDOM_DRAWS=${RANDOM_DRAWS:-5}
 PROBE_PROMPTS=${PROBE_PROMPTS:-50}
 BUDGET=${BUDGET:-560}
@@ -74,18 +87,58 @@ probe_at() {  # $1 = length; writes $X/heads_task_$1.json
 train() {  # $1 = name, rest = train-router flags beyond the shared ones
   local name=$1; shift
   [ -s $X/$name.safetensors ] && return 0
-  local maxlen=(--max-len "$MAXLEN")
+  local maxlen=(--max-len "$MAXLEN") steps=(--steps "$STEPS")
   [[ " $* " == *" --max-len "* ]] && maxlen=()  # the sweep sets its own
-  timeout "$(limit 45)" $C/elastic train-router -m "$M" --device "$DEVICE" --steps "$STEPS" --batch "$BATCH" \
+  [[ " $* " == *" --steps "* ]] && steps=()
+  timeout "$(limit 45)" $C/elastic train-router -m "$M" --device "$DEVICE" "${steps[@]}" --batch "$BATCH" \
     "${maxlen[@]}" --builtin-samples 800 $SPARSE --lr "$LR" "$@" -o $X/$name.safetensors.tmp \
     --log $X/train_$name.jsonl -t 2 > $X/train_$name.log 2>&1 && mv $X/$name.safetensors.tmp $X/$name.safetensors
 }
-main_ok() { local s; for s in $SEEDS; do [ -s $X/adaptive_s$s.safetensors ] && [ -s $X/static_s$s.safetensors ] || return 1; done; }
-if ! main_ok || [ ! -s $X/heads_task_$L0.json ]; then
-  log "probe at $L0 and the main routers, in parallel"
+main_ok() { [ "$MAIN" = 0 ] && return 0; local s; for s in $SEEDS; do [ -s $X/adaptive_s$s.safetensors ] && [ -s $X/static_s$s.safetensors ] || return 1; done; }
+# 0. Take up an earlier run's finished folders (RESTORE): a sample already in a folder is not run again.
+if [ -n "$RESTORE" ] && [ ! -f $X/restored ]; then
+  log "restoring $RESTORE"
+  tar xzf "$RESTORE/train_logs.tgz" -C . .ctl/heads_task_$L0.json .ctl/omega_matched.txt || exit 1
+  python3 - "$RESTORE/results.jsonl.gz" $X "$L0" <<'EOF2' || exit 1
+import gzip, json, os, sys
+out = {}
+for l in gzip.open(sys.argv[1], "rt"):
+    r = json.loads(l)
+    tag = r["method"]
+    if str(r["length"]) != sys.argv[3]:
+        tag = f"L{r['length']}_{tag}"  # as phase 6 names its folders
+    r["method"] = r.pop("eval_method")  # as eval wrote it
+    out.setdefault(tag, []).append(json.dumps(r, sort_keys=True) + "\n")
+for tag, rows in out.items():
+    os.makedirs(f"{sys.argv[2]}/eval_{tag}", exist_ok=True)
+    open(f"{sys.argv[2]}/eval_{tag}/results.jsonl", "w").writelines(rows)
+print(f"restored {sum(map(len, out.values()))} samples in {len(out)} folders")
+EOF2
+  touch $X/restored
+fi
+
+# The sweep routers train in the background while the evals run. A training cannot resume, so they start only when
+# the call has SWEEP_START seconds left (else the next call starts them first thing).
+sweep_pids=()
+start_sweeps() {
+  [ "$(left)" -gt "$SWEEP_START" ] || return 0
+  IFS=';' read -ra SW <<< "$SWEEPS"
+  for spec in "${SW[@]}"; do
+    [ -n "$spec" ] || continue
+    f=$X/eval_sweep_${spec%%|*}/results.jsonl  # evaluated already (a restored run): no router needed
+    [ -f "$f" ] && [ "$(grep -c . "$f")" -ge $(( $(echo "$TASKS" | tr ',' '\n' | grep -c .) * SAMPLES )) ] && continue
+    [ -s $X/sweep_${spec%%|*}.safetensors ] && continue
+    train "sweep_${spec%%|*}" --seed 1 ${spec#*|} & sweep_pids+=($!)
+  done
+}
+[ "$MAIN" = 0 ] && start_sweeps  # no main routers to wait for: the sweeps train beside the probes
+
+if ! main_ok || [ ! -s $X/heads_task_$L0.json ] || { [ -n "$LONG" ] && [ ! -s $X/heads_task_$LONG.json ]; }; then
+  log "probes and the main routers, in parallel"
   pids=()
   probe_at "$L0" & pids+=($!)
-  for s in $SEEDS; do
+  [ -z "$LONG" ] || { probe_at "$LONG" & pids+=($!); }
+  [ "$MAIN" = 0 ] || for s in $SEEDS; do
     train adaptive_s$s --seed "$s" --router-input pooled --multiplier-lr "$MLR" & pids+=($!)
     train static_s$s --seed "$s" --router-input head-identity --multiplier-lr "$MLR" & pids+=($!)
   done
@@ -94,22 +147,14 @@ if ! main_ok || [ ! -s $X/heads_task_$L0.json ]; then
 fi
 main_ok || { log "main routers not done; the next call goes on"; }
 
-# The sweep routers train in the background while the evals run (the next call retrains any cut short).
-sweep_pids=()
-if main_ok && [ "$(left)" -gt 120 ]; then
-  IFS=';' read -ra SW <<< "$SWEEPS"
-  for spec in "${SW[@]}"; do
-    [ -n "$spec" ] || continue
-    train "sweep_${spec%%|*}" --seed 1 ${spec#*|} & sweep_pids+=($!)
-  done
-fi
+[ "$MAIN" = 0 ] || { main_ok && start_sweeps; }
 
 # One eval process per method; each its own folder (they share nothing but the GPU). $1 = folder, $2 = lengths, rest =
 # eval flags.
 run_eval() {
   local dir=$1 lengths=$2; shift 2
   sanitize "$dir"
-  timeout "$(limit 20)" $C/elastic eval -m "$M" --device "$DEVICE" --tasks "$TASKS" --lengths "$lengths" \
+  timeout "$(limit 20)" $C/elastic eval -m "$M" --device "$DEVICE" --tasks "$EVAL_TASKS" --lengths "$lengths" \
     --samples "$SAMPLES" --seed 3 $SPARSE --haystack "$HAY" --code-corpus src/model -t 2 -o "$dir" "$@" \
     > "$dir.log" 2>&1
   sanitize "$dir"
@@ -122,6 +167,7 @@ phase() {  # $1 = folder prefix, $2 = lengths, then "name|eval flags" specs, run
   done
   for p in "${pids[@]}"; do wait $p; done
 }
+EVAL_TASKS=$TASKS  # phase 6 sets TASKS_LONG
 NT=$(echo "$TASKS" | tr ',' '\n' | grep -c .)
 NL=$(echo "$LENGTHS" | tr ',' '\n' | grep -c .)
 # A sample line cut by a timeout is dropped, so the eval resumes from whole lines.
@@ -181,7 +227,7 @@ main_ok && run_phase "" "$LENGTHS" "$WANT" "${P1[@]}" && {
 }
 
 # 5. Held-out templates (eval --paraphrase): full, the seed-1 routers and one random draw at the same Omega, on the
-# same tasks asked in other words (folders eval_para_*; rows carry templates=paraphrase); and the sweep routers.
+# same tasks asked in other words (folders eval_para_*; rows carry templates=paraphrase).
 if [ -s $X/omega_matched.txt ]; then
   OMEGA=$(cat $X/omega_matched.txt)
   s1=${SEEDS%% *}
@@ -189,28 +235,42 @@ if [ -s $X/omega_matched.txt ]; then
     "adaptive_s$s1|--paraphrase --methods none --router $X/adaptive_s$s1.safetensors" \
     "static_s$s1|--paraphrase --methods none --router $X/static_s$s1.safetensors" \
     "random_1|--paraphrase --methods random@$OMEGA:1"
-  for p in "${sweep_pids[@]}"; do wait $p; done
-  PS=()
+fi
+
+# 6b (below, in the background beside 6). The sweep routers at the first length, once trained.
+for p in "${sweep_pids[@]}"; do wait $p; done
+sweep_phase() {
+  local PS=() spec n
   IFS=';' read -ra SW <<< "$SWEEPS"
   for spec in "${SW[@]}"; do
     n=sweep_${spec%%|*}
     [ -s $X/$n.safetensors ] && PS+=("$n|--methods none --router $X/$n.safetensors")
   done
-  [ ${#PS[@]} -gt 0 ] && run_phase "" "$LENGTHS" "$WANT" "${PS[@]}"
-fi
+  [ ${#PS[@]} -eq 0 ] || run_phase "" "$LENGTHS" "$WANT" "${PS[@]}"
+}
+[ -s $X/omega_matched.txt ] && { sweep_phase & sweep_eval=$!; }
 
-# 6. A longer prompt length: the probe there, full and the routers, then the controls at the Omega measured there.
-if [ -n "$LONG" ] && [ -s $X/omega_matched.txt ] && [ "$(left)" -gt 120 ]; then
-  WL=$(( NT * SAMPLES ))
+# 6. A longer prompt length (TASKS_LONG there): the probe (run beside the trainings), full and the routers
+# (LONG_ROUTERS), then the controls at the Omega the adaptive ones have there.
+LONG_ROUTERS=${LONG_ROUTERS:-$(for s in $SEEDS; do echo -n "adaptive_s$s "; done)|$(for s in $SEEDS; do echo -n "static_s$s "; done)}
+LA=(${LONG_ROUTERS%%|*}) LS=(${LONG_ROUTERS#*|})
+long_ok() { local r; for r in "${LA[@]}" "${LS[@]}"; do [ -s $X/$r.safetensors ] || return 1; done; }
+if [ -n "$LONG" ] && [ -s $X/omega_matched.txt ] && [ "$(left)" -gt 120 ] && long_ok; then
+  EVAL_TASKS=$TASKS_LONG
+  WL=$(( $(echo "$TASKS_LONG" | tr ',' '\n' | grep -c .) * SAMPLES ))
   probe_at "$LONG"
-  if run_phase "L${LONG}_" "$LONG" "$WL" "${P1[@]}"; then
-    OL=$(measure_omega "$X/eval_L${LONG}_adaptive_s*/results.jsonl" $X/omega_matched_$LONG.txt)
+  PL=("full|--methods full")
+  for r in "${LA[@]}" "${LS[@]}"; do PL+=("$r|--methods none --router $X/$r.safetensors"); done
+  if run_phase "L${LONG}_" "$LONG" "$WL" "${PL[@]}"; then
+    OL=$(measure_omega "$(for r in "${LA[@]}"; do echo -n "$X/eval_L${LONG}_$r/results.jsonl "; done)" $X/omega_matched_$LONG.txt)
     log "matched Omega_MSR at $LONG: $OL"
     P4=("ssa|--methods ssa" "static_task|--methods static@$OL --scores $X/heads_task_$LONG.json")
     for r in $(seq 1 "$RANDOM_DRAWS"); do P4+=("random_$r|--methods random@$OL:$r"); done
     run_phase "L${LONG}_" "$LONG" "$WL" "${P4[@]}"
   fi
+  EVAL_TASKS=$TASKS
 fi
+[ -z "${sweep_eval:-}" ] || wait $sweep_eval
 
 # 7. Every GPU test (validation of code not yet run on a GPU), if time is left.
 if [ "$DEVICE" = cuda ] && [ ! -f $X/tests.ok ] && [ "$(left)" -gt 150 ]; then
@@ -243,8 +303,12 @@ tar czf "$O/train_logs.tgz" $X/train_*.jsonl $X/train_*.log $X/heads_task_*.json
   $X/probe_*.log $X/eval_*.log 2>/dev/null
 python3 scripts/controls_report.py "$O/results.jsonl.gz" --out $X/report 2>&1 | tail -n 80
 tar czf "$O/report.tgz" -C $X report
-# The adaptive and sweep routers come back too (the device keeps nothing): the candidates to ship under routers/.
-s1=${SEEDS%% *}
-for f in $X/adaptive_s*.safetensors $X/sweep_*.safetensors; do [ -s "$f" ] && cp "$f" "$O/router_$(basename "$f")"; done
+# The adaptive and sweep routers come back too, as F16 in one archive (the device keeps nothing; at most 8 files come
+# back): the candidates to ship under routers/.
+mkdir -p $X/f16
+for f in $X/adaptive_s*.safetensors $X/sweep_*.safetensors; do
+  [ -s "$f" ] && python3 scripts/router_f16.py "$f" "$X/f16/$(basename "$f")" > /dev/null
+done
+tar czf "$O/routers_f16.tgz" -C $X f16
 for f in $X/eval_*/results.jsonl; do echo "$f: $(grep -c . "$f")"; done
 ls -la "$O"

@@ -34,13 +34,22 @@ def main():
                     if m.startswith("para_"):
                         r["templates"] = "paraphrase"
                     rows.append(r)
+    # A third length where other routers ran (a training-length sweep and its twin) and take the roles (--roles).
+    for task, split, metric, cls in tasks:
+        for i in range(10):
+            base = 80.0 if metric != "likelihood" else 50.0
+            for m, off in (("full", 0), ("sweep_len4k", -8), ("sweep_len4kstatic", -3), ("random_1", -30)):
+                rows.append({"method": m, "task": task, "split": split, "metric": metric, "class": cls, "length": 768,
+                             "sample": i, "score": base + off, "msr": 0.5, "esr": 0.25, "flops": 0.75, "kv": 0.75,
+                             "modes": "FSSF", "n_layers": 2, "n_kv_heads": 2})
     path = os.path.join(tmp, "results.jsonl.gz")
     with gzip.open(path, "wt") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
     out = os.path.join(tmp, "report")
     subprocess.run([sys.executable, os.path.join(repo, "scripts/controls_report.py"), path, "--out", out,
-                    "--boot", "200"], check=True, stdout=subprocess.DEVNULL)
+                    "--boot", "200", "--roles", "768:sweep_len4k=adaptive,768:sweep_len4kstatic=learned-static"],
+                   check=True, stdout=subprocess.DEVNULL)
     text = open(os.path.join(out, "report.md")).read()
     fails = []
 
@@ -55,6 +64,9 @@ def main():
     expect("| random | +30.0 [+30.0, +30.0] |", "adaptive - random")
     expect("| sweep-pool400 | static_s1 |", "the sweep against its control")
     expect("-2.0 [-2.0, -2.0]", "sweep-pool400 - static_s1")
+    expect("768-token prompts (adaptive: sweep_len4k; learned-static: sweep_len4kstatic)", "the roles in the title")
+    expect("| learned-static | -5.0 [-5.0, -5.0] |", "the role-taking adaptive - learned-static at 768")
+    expect("| random | +22.0 [+22.0, +22.0] |", "the role-taking adaptive - random at 768")
     expect("# The same on held-out templates", "the paraphrase section")
     expect("| adaptive | -20.0 [-20.0, -20.0] |", "paraphrased adaptive - full")
     expect("accuracy, held-out", "a held-out column")
