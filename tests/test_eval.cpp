@@ -226,25 +226,22 @@ TEST_F(EvalRun, TrainedRouterRoutesEachPromptInsidePrefill) {
   ts.name = "niah_single_1";
   ts.vocab = m.config.vocab;
   const TaskSample sample = make_sample(ts, nullptr, 96, 1);
-  m.router = router;
-  const SampleResult a = run_sample(m, nullptr, sample, nullptr);
-  m.router = nullptr;
+  const SampleResult a = run_sample(m, nullptr, sample, RoutePolicy::routed(router));
   ASSERT_EQ(a.modes.size(), static_cast<size_t>(m.config.n_layers * m.config.n_kv_heads));
   RoutingTable t = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
   t.sparse = tiny_window();
   for (size_t i = 0; i < a.modes.size(); ++i) t.mode[i] = a.modes[i] == 'S' ? HeadMode::Streaming : HeadMode::Full;
-  const SampleResult b = run_sample(m, nullptr, sample, &t);
+  const SampleResult b = run_sample(m, nullptr, sample, RoutePolicy::fixed(t));
   EXPECT_EQ(a.prediction_ids, b.prediction_ids);
   EXPECT_DOUBLE_EQ(a.flops, b.flops);
   EXPECT_DOUBLE_EQ(a.msr, t.msr());
-  EXPECT_THROW(run_sample(m, nullptr, sample, nullptr), std::runtime_error);  // no router, no table
-  // Through run_eval: the model's router slot is restored afterwards.
+  EXPECT_THROW(run_sample(m, nullptr, sample, RoutePolicy{}), std::runtime_error);  // no router, no table
+  // Through run_eval: each method routes by its own policy.
   const std::string dir = tmp_dir("router");
   EvalOptions o = small_opts(dir);
   o.tasks = {"niah_single_1", "continue_text"};
   o.lengths = {96};
   const EvalSummary s = run_eval(m, nullptr, {method_uniform("full", HeadMode::Full), method_router("router-fa-ssa", router)}, o);
-  EXPECT_EQ(m.router, nullptr);
   ASSERT_NE(s.find("router-fa-ssa", "continue_text", 96), nullptr);
   EXPECT_DOUBLE_EQ(s.find("router-fa-ssa", "niah_single_1", 96)->msr, a.msr);  // same prompts, same decisions
   EXPECT_THROW(method_router("r", nullptr), std::runtime_error);
@@ -430,21 +427,21 @@ TEST_F(EvalRun, GenerationStopsOnceTheScoreIsFinal) {
   Scripted right;
   right.V = m.config.vocab;
   right.script = {3, 5, 6, 4, 8, 9, 9, 9, 9, 9, 9};
-  const SampleResult a = run_sample(m, nullptr, s, &r, 64, &right);
+  const SampleResult a = run_sample(m, nullptr, s, RoutePolicy::fixed(r), 64, &right);
   EXPECT_EQ(a.prediction_ids, (std::vector<int32_t>{3, 5, 6, 4, 8}));  // both references found at the fifth id
   EXPECT_EQ(a.score, 100.0);
   EXPECT_EQ(right.decodes, 4);
   Scripted half;
   half.V = m.config.vocab;
   half.script = {5, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7};
-  const SampleResult b = run_sample(m, nullptr, s, &r, 64, &half);
+  const SampleResult b = run_sample(m, nullptr, s, RoutePolicy::fixed(r), 64, &half);
   EXPECT_EQ(b.new_tokens, 10);  // one reference of two: the budget runs out
   EXPECT_EQ(b.score, 50.0);
   s.metric = TaskMetric::MatchPart;  // any reference found is final for the part metric
   Scripted part;
   part.V = m.config.vocab;
   part.script = half.script;
-  EXPECT_EQ(run_sample(m, nullptr, s, &r, 64, &part).new_tokens, 2);
+  EXPECT_EQ(run_sample(m, nullptr, s, RoutePolicy::fixed(r), 64, &part).new_tokens, 2);
 }
 
 // ESR and FLOPs are the prompt's prefill figures on every path: the CPU's counted blocks (decode steps not counted)
@@ -459,7 +456,7 @@ TEST_F(EvalRun, SampleFiguresAreThePromptsPrefill) {
     spec.name = task;
     spec.vocab = m.config.vocab;
     const TaskSample s = make_sample(spec, nullptr, 96, 7);
-    const SampleResult got = run_sample(m, nullptr, s, &r);
+    const SampleResult got = run_sample(m, nullptr, s, RoutePolicy::fixed(r));
     const AttentionStats want = routed_prefill_stats(r, 96);
     EXPECT_NEAR(got.flops, want.flops_ratio(), 1e-12) << task;
     EXPECT_NEAR(got.esr, want.esr(), 1e-12) << task;

@@ -378,7 +378,6 @@ TEST(GgufModelTest, TinyLlamaF32MatchesSafetensors) {
   EXPECT_FLOAT_EQ(c.rms_eps, ref.config.rms_eps);
   EXPECT_FALSE(c.tie_embeddings);
   EXPECT_EQ(c.eos_ids, std::vector<int>{7});
-  EXPECT_EQ(g.routing.mode.size(), static_cast<size_t>(c.n_layers * c.n_kv_heads));
   // The un-permutation restores HF's rows exactly.
   for (int l = 0; l < c.n_layers; ++l) {
     EXPECT_EQ(g.weights.layers[l].wq.f32(), ref.weights.layers[l].wq.f32()) << l;
@@ -393,7 +392,7 @@ TEST(GgufModelTest, TinyLlamaF32MatchesSafetensors) {
   const auto a = all_logits(g, ids), b = all_logits(ref, ids);
   EXPECT_LT(max_abs_diff(a, b), 1e-5);
   EXPECT_LT(max_abs_diff(a, hf), 1e-3);  // vs transformers (logits ~ +-6)
-  EXPECT_EQ(generate(g, ids, 16, 0, SamplerParams{}, false, nullptr), read_npy_ids(dir + "/greedy.npy"));
+  EXPECT_EQ(generate(g, RoutePolicy::all_full(g.config), ids, 16, 0, SamplerParams{}, false, nullptr), read_npy_ids(dir + "/greedy.npy"));
 }
 
 TEST(GgufModelTest, TinyLlamaQ8_0AndQ4_1CloseToSafetensors) {
@@ -425,8 +424,8 @@ TEST(GgufModelTest, TinyLlamaQ8_0AndQ4_1CloseToSafetensors) {
     EXPECT_LT(g.weights.bytes() * 3, wide.weights.bytes()) << type_name(k.type);
     const auto a = all_logits(g, ids);
     EXPECT_EQ(a, all_logits(wide, ids)) << type_name(k.type);
-    EXPECT_EQ(generate(g, ids, 12, 0, SamplerParams{}, false, nullptr),
-              generate(wide, ids, 12, 0, SamplerParams{}, false, nullptr)) << type_name(k.type);
+    EXPECT_EQ(generate(g, RoutePolicy::all_full(g.config), ids, 12, 0, SamplerParams{}, false, nullptr),
+              generate(wide, RoutePolicy::all_full(wide.config), ids, 12, 0, SamplerParams{}, false, nullptr)) << type_name(k.type);
     double mean = 0;
     for (size_t i = 0; i < a.size(); ++i) mean += std::fabs(a[i] - b[i]) / a.size();
     const double mx = max_abs_diff(a, b);
@@ -636,7 +635,7 @@ TEST(GgufSmolLM2Test, GreedyMatchesNumpyForwardAndIsEnglish) {
   for (size_t k = 0; k < top.size(); ++k) EXPECT_NEAR(logits[top[k]], top_l[k], 2e-3) << "token " << top[k];
   EXPECT_EQ(std::max_element(logits.begin(), logits.end()) - logits.begin(), top[0]);
   const auto want = ref["greedy"].get<std::vector<int32_t>>();
-  const auto out = generate(m, prompt, static_cast<int>(want.size()), 64, SamplerParams{}, false, nullptr);
+  const auto out = generate(m, RoutePolicy::all_full(m.config), prompt, static_cast<int>(want.size()), 64, SamplerParams{}, false, nullptr);
   EXPECT_EQ(out, want);
   const std::string text = t.decode(out);
   EXPECT_EQ(text.rfind(" Paris.", 0), 0u) << text;

@@ -45,7 +45,7 @@ TEST_P(Fixture, GreedyMatchesTransformers) {
   Model m = Model::load(dir());
   auto ids = read_npy_ids(dir() + "/ids.npy");
   auto ref = read_npy_ids(dir() + "/greedy.npy");
-  auto out = generate(m, ids, ref.size(), 0, SamplerParams{}, false, nullptr);
+  auto out = generate(m, RoutePolicy::all_full(m.config), ids, ref.size(), 0, SamplerParams{}, false, nullptr);
   EXPECT_EQ(out, ref);
 }
 
@@ -70,20 +70,19 @@ TEST_P(Fixture, ChunkedPrefillEqualsOnePass) {
   Model m = Model::load(dir());
   std::vector<int32_t> ids(120);  // two 64-token blocks, so the streaming mask matters
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 131 + 7) % m.config.vocab;
-  m.routing = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, HeadMode::Streaming);
-  m.routing.sparse.sink = 0;
-  m.routing.sparse.local = 1;  // one block of 64: every query sees its own block only
+  RoutingTable ssa = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, HeadMode::Streaming);
+  ssa.sparse.sink = 0;
+  ssa.sparse.local = 1;  // one block of 64: every query sees its own block only
   KVCache a, b;
-  a.init(m.config, ids.size());
-  b.init(m.config, ids.size());
+  a.init(m.config, ids.size(), &ssa);
+  b.init(m.config, ids.size(), &ssa);
   std::vector<float> one, chunked;
   m.prefill(ids.data(), ids.size(), ids.size(), a, one, true);
   m.prefill(ids.data(), ids.size(), 5, b, chunked, true);
   EXPECT_LT(rel_err(chunked, one), 1e-5);
   KVCache c;
-  c.init(m.config, ids.size());
+  c.init(m.config, ids.size());  // all full
   std::vector<float> full;
-  m.routing = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
   m.prefill(ids.data(), ids.size(), 64, c, full, true);
   EXPECT_GT(rel_err(full, one), 1e-3);  // the sparse run really differs from full attention
 }
@@ -106,8 +105,8 @@ TEST_P(Fixture, PrefillCursorEqualsTokenMajorPrefill) {
     b.init(m.config, ids.size(), &r);
     std::vector<float> want, got;
     AttentionStats sa, sb;
-    m.prefill(ids.data(), ids.size(), chunk, a, want, true, &sa, &r);
-    PrefillCursor cur(m, ids.data(), ids.size(), chunk, b, &r, nullptr, &sb);
+    m.prefill(ids.data(), ids.size(), chunk, a, want, true, &sa);
+    PrefillCursor cur(m, ids.data(), ids.size(), chunk, b, nullptr, &sb);
     int steps = 0;
     const int first = cur.steps_left();
     while (!cur.done()) {
@@ -128,12 +127,16 @@ TEST_P(Fixture, PrefillCursorEqualsTokenMajorPrefill) {
   KVCache used;
   used.init(m.config, ids.size(), &r);
   std::vector<float> lg;
-  m.prefill(ids.data(), 10, 64, used, lg, false, nullptr, &r);
-  EXPECT_THROW(PrefillCursor(m, ids.data(), 10, 64, used, &r, nullptr), std::invalid_argument);  // not empty
+  m.prefill(ids.data(), 10, 64, used, lg, false);
+  EXPECT_THROW(PrefillCursor(m, ids.data(), 10, 64, used, nullptr), std::invalid_argument);  // not empty
+  KVCache deferred;
+  deferred.init_deferred(m.config, ids.size());
+  EXPECT_THROW(PrefillCursor(m, ids.data(), 10, 64, deferred, nullptr), std::invalid_argument);  // no routing
+  std::vector<float> none;
+  EXPECT_THROW(m.forward(ids.data(), 10, deferred, none, false), std::invalid_argument);  // nor for a forward
   KVCache fresh;
   fresh.init(m.config, ids.size(), &r);
-  EXPECT_THROW(PrefillCursor(m, ids.data(), 10, 64, fresh, nullptr, nullptr), std::invalid_argument);  // no routing
-  PrefillCursor early(m, ids.data(), 10, 64, fresh, &r, nullptr);
+  PrefillCursor early(m, ids.data(), 10, 64, fresh, nullptr);
   EXPECT_THROW(early.finish(lg), std::logic_error);
 }
 
@@ -144,12 +147,12 @@ TEST_P(Fixture, XAttnChunksMustBeWholeBlocks) {
   Model m = Model::load(dir());
   std::vector<int32_t> ids(150);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 131 + 7) % m.config.vocab;
-  m.routing = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, HeadMode::Streaming);
-  m.routing.mode[0] = HeadMode::XAttn;
+  RoutingTable r = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, HeadMode::Streaming);
+  r.mode[0] = HeadMode::XAttn;
   KVCache a, b, c;
-  a.init(m.config, ids.size());
-  b.init(m.config, ids.size());
-  c.init(m.config, ids.size());
+  a.init(m.config, ids.size(), &r);
+  b.init(m.config, ids.size(), &r);
+  c.init(m.config, ids.size(), &r);
   std::vector<float> one, whole, bad;
   try {
     m.prefill(ids.data(), ids.size(), 50, a, bad, true);
@@ -182,7 +185,7 @@ TEST_P(Fixture, PerLayerBlockCountsGiveXAttnDensity) {
     AttentionStats st;
     st.per_layer = per_layer;
     std::vector<float> lg;
-    m.prefill(ids.data(), ids.size(), 128, cache, lg, false, &st, &r);
+    m.prefill(ids.data(), ids.size(), 128, cache, lg, false, &st);
     return st;
   };
   const AttentionStats plain = run(false), counted = run(true);
@@ -219,18 +222,19 @@ TEST_P(Fixture, HybridCacheDecodesLikeFullCache) {
   Model m = Model::load(dir());
   std::vector<int32_t> prompt(100);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = (i * 97 + 3) % m.config.vocab;
-  m.routing = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
-  for (size_t i = 0; i < m.routing.mode.size(); i += 2) m.routing.mode[i] = HeadMode::Streaming;
-  m.routing.sparse.sink = 0;
-  m.routing.sparse.local = 64;  // streaming heads: one block window, a 64-slot ring
+  RoutingTable hyb = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
+  for (size_t i = 0; i < hyb.mode.size(); i += 2) hyb.mode[i] = HeadMode::Streaming;
+  hyb.sparse.sink = 0;
+  hyb.sparse.local = 64;  // streaming heads: one block window, a 64-slot ring
   const int n_new = 60;         // decode well past the ring's wrap-around
   // 160 positions: past the fixture's 128-token context, which generate() now enforces; RoPE runs at any position.
   m.config.max_positions = 256;
   GenerateStats st;
-  auto hybrid = generate(m, prompt, n_new, 0, SamplerParams{}, false, &st);
-  // Same routing, full-length cache for every head.
+  auto hybrid = generate(m, RoutePolicy::fixed(hyb), prompt, n_new, 0, SamplerParams{}, false, &st);
+  // Same routing, full-length cache for every head: built all full, then given the hybrid routing.
   KVCache full;
   full.init(m.config, prompt.size() + n_new);
+  full.routing = hyb;
   std::vector<float> logits;
   m.prefill(prompt.data(), prompt.size(), 37, full, logits, false);
   std::vector<int32_t> ref;
@@ -244,26 +248,20 @@ TEST_P(Fixture, HybridCacheDecodesLikeFullCache) {
   EXPECT_LT(st.attn.flops_ratio(), 1.0);
   // Prefill and decode rows together are what routed_prefill_stats counts over prompt + n_new - 1 rows (the last
   // token is never fed): the GPU's generate reports that function's figures, so both devices print the same ones.
-  const AttentionStats want = routed_prefill_stats(m.routing, int(prompt.size()) + n_new - 1);
+  const AttentionStats want = routed_prefill_stats(hyb, int(prompt.size()) + n_new - 1);
   EXPECT_NEAR(st.attn.flops_ratio(), want.flops_ratio(), 1e-12);
   EXPECT_NEAR(st.attn.esr(), want.esr(), 1e-12);
   EXPECT_GT(st.attn.esr(), 0.0);
-  // The cache keeps the routing it was built for: decode follows it even after the model's routing changes.
+  // The cache holds the routing it was built for, and the run's figures come from it.
   KVCache hc;
-  hc.init(m.config, prompt.size() + n_new, &m.routing);
-  const RoutingTable built_for = m.routing;
-  m.routing = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
-  std::vector<float> a, b;
-  m.forward(prompt.data(), prompt.size(), hc, a, false);
-  KVCache hc2;
-  hc2.init(m.config, prompt.size() + n_new, &built_for);
-  m.forward(prompt.data(), prompt.size(), hc2, b, false, nullptr, nullptr, false, &built_for);
-  EXPECT_EQ(a, b);
-  // A hybrid cache used under a routing that makes a windowed head full is refused.
+  hc.init(m.config, prompt.size() + n_new, &hyb);
+  EXPECT_EQ(hc.routing.mode, hyb.mode);
+  EXPECT_EQ(st.routing.mode, hyb.mode);
+  // A hybrid cache whose routing is changed to make a windowed head full is refused (its ring is too small).
   KVCache hc3;
-  hc3.init(m.config, prompt.size() + n_new, &built_for);
-  EXPECT_THROW(m.forward(prompt.data(), prompt.size(), hc3, logits, false, nullptr, nullptr, false, &m.routing),
-               std::runtime_error);
+  hc3.init(m.config, prompt.size() + n_new, &hyb);
+  hc3.routing = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
+  EXPECT_THROW(m.forward(prompt.data(), prompt.size(), hc3, logits, false), std::runtime_error);
 }
 
 INSTANTIATE_TEST_SUITE_P(HF, Fixture, ::testing::Values("qwen3_tiny", "qwen3_tied", "llama_tiny"));
@@ -318,7 +316,7 @@ TEST(Generate, HugeNPredictIsAnErrorBeforeAnyAllocation) {
   Model m = Model::load(std::string(ELASTIC_FIXTURE_DIR) + "/qwen3_tiny");
   const std::vector<int32_t> prompt{1, 2, 3};
   try {
-    generate(m, prompt, 100000000, 0, SamplerParams{}, false, nullptr);
+    generate(m, RoutePolicy::all_full(m.config), prompt, 100000000, 0, SamplerParams{}, false, nullptr);
     ADD_FAILURE() << "-n 100000000 accepted on a 128-token model";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("-n 100000000 exceeds the model's context of 128 tokens"), std::string::npos)

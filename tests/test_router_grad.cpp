@@ -277,8 +277,9 @@ TEST(RouterGrad, TrainingForwardMatchesInference) {
     rt.sparse = spec.sparse;
     KVCache cache;
     cache.init(m.config, static_cast<int>(s.ids.size()));
+    cache.routing = rt;  // every position kept, attention masked by rt (as the trainer's forward)
     std::vector<float> logits;
-    m.forward(s.ids.data(), static_cast<int>(s.ids.size()), cache, logits, true, nullptr, nullptr, true, &rt);
+    m.forward(s.ids.data(), static_cast<int>(s.ids.size()), cache, logits, true, nullptr, nullptr, true);
     double ce = 0;
     for (int t = s.prompt_len - 1; t + 1 < static_cast<int>(s.ids.size()); ++t)
       ce += cross_entropy_row<float>(logits.data() + static_cast<size_t>(t) * m.config.vocab, m.config.vocab,

@@ -74,7 +74,7 @@ TEST(EvalScoring, ReferenceLikelihoodMatchesOneFullPass) {
   for (int i = 0; i < 12; ++i) ref.push_back((i * 101 + 7) % V);
   const RoutingTable full = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
   AttentionStats st;
-  const LikelihoodScore got = reference_likelihood(m, prompt, ref, &full, &st, 32);
+  const LikelihoodScore got = reference_likelihood(m, prompt, ref, &full, nullptr, &st, 32);
   // Expected: one pass over prompt + ref with all logits; row T-1+t predicts ref[t].
   std::vector<int32_t> all = prompt;
   all.insert(all.end(), ref.begin(), ref.end() - 1);

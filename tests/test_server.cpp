@@ -85,8 +85,8 @@ TEST(BatchDecode, MatchesPerSequenceForward) {
     ref[s].init(m.config, cap, &routes[s]);
     bat[s].init(m.config, cap, &routes[s]);
     std::vector<float> lg;
-    m.prefill(ids.data(), lens[s], 64, ref[s], lg, false, &ref_st[s], &routes[s]);
-    m.prefill(ids.data(), lens[s], 64, bat[s], lg, false, &bat_st[s], &routes[s]);
+    m.prefill(ids.data(), lens[s], 64, ref[s], lg, false, &ref_st[s]);
+    m.prefill(ids.data(), lens[s], 64, bat[s], lg, false, &bat_st[s]);
     next[s] = static_cast<int32_t>(rng() % V);
   }
   EXPECT_GT(ref[0].ring_slots[0], 0);  // the streaming sequence really uses the sink + window cache
@@ -95,13 +95,13 @@ TEST(BatchDecode, MatchesPerSequenceForward) {
   EXPECT_GT(ref[2].ring_slots[1], 0);
   for (int step = 0; step < 6; ++step) {  // the ring of sequence 0 wraps during these steps
     std::vector<DecodeSlot> slots;
-    for (size_t s = 0; s < S; ++s) slots.push_back({next[s], &bat[s], &routes[s], &bat_st[s]});
+    for (size_t s = 0; s < S; ++s) slots.push_back({next[s], &bat[s], &bat_st[s]});
     std::vector<float> batched;
     decode_batch(m, slots, batched);
     ASSERT_EQ(batched.size(), S * V);
     for (size_t s = 0; s < S; ++s) {
       std::vector<float> one;
-      m.forward(&next[s], 1, ref[s], one, false, &ref_st[s], nullptr, false, &routes[s]);
+      m.forward(&next[s], 1, ref[s], one, false, &ref_st[s]);
       EXPECT_LT(rel_err(batched.data() + s * V, one.data(), V), 1e-5) << "sequence " << s << " step " << step;
       EXPECT_EQ(bat[s].length, ref[s].length);
       EXPECT_DOUBLE_EQ(bat_st[s].pairs_done, ref_st[s].pairs_done);
@@ -109,13 +109,13 @@ TEST(BatchDecode, MatchesPerSequenceForward) {
       next[s] = static_cast<int32_t>(std::max_element(one.begin(), one.end()) - one.begin());
     }
   }
-  // The model's own routing when a slot gives none.
+  // An all-full cache (KVCache::init without a routing) decodes like a forward.
   KVCache a, b;
   a.init(m.config, 8);
   b.init(m.config, 8);
   std::vector<float> l1, l2;
   m.forward(&next[0], 1, a, l1, false);
-  decode_batch(m, {{next[0], &b, nullptr, nullptr}}, l2);
+  decode_batch(m, {{next[0], &b, nullptr}}, l2);
   EXPECT_LT(rel_err(l2.data(), l1.data(), V), 1e-5);
 }
 
@@ -152,10 +152,10 @@ TEST(BatchDecode, RowsAreBitIdenticalAloneAndBatched) {
     int32_t next = 7;
     for (int step = 0; step < 4; ++step) {
       std::vector<float> one, batched;
-      decode_batch(m, {{next, &alone, nullptr, nullptr}}, one);
+      decode_batch(m, {{next, &alone, nullptr}}, one);
       std::vector<DecodeSlot> slots;
-      for (int o = 0; o < 3; ++o) slots.push_back({other_next[o], &others[o], nullptr, nullptr});
-      slots.insert(slots.begin() + at, DecodeSlot{next, &in_batch, nullptr, nullptr});
+      for (int o = 0; o < 3; ++o) slots.push_back({other_next[o], &others[o], nullptr});
+      slots.insert(slots.begin() + at, DecodeSlot{next, &in_batch, nullptr});
       decode_batch(m, slots, batched);
       ASSERT_EQ(std::memcmp(one.data(), batched.data() + static_cast<size_t>(at) * V, V * sizeof(float)), 0)
           << "batch position " << at << ", step " << step;
@@ -173,20 +173,23 @@ TEST(BatchDecode, BadSlotsThrowAndLeaveCachesAlone) {
   std::vector<float> lg;
   int32_t t = 1;
   m.forward(&t, 1, full, lg, false);
-  EXPECT_THROW(decode_batch(m, {{1, &a, nullptr, nullptr}, {1, &full, nullptr, nullptr}}, lg), std::runtime_error);
+  EXPECT_THROW(decode_batch(m, {{1, &a, nullptr}, {1, &full, nullptr}}, lg), std::runtime_error);
   EXPECT_EQ(a.length, 0);
-  EXPECT_THROW(decode_batch(m, {{m.config.vocab, &a, nullptr, nullptr}}, lg), std::runtime_error);
-  EXPECT_THROW(decode_batch(m, {{-1, &a, nullptr, nullptr}}, lg), std::runtime_error);
-  EXPECT_THROW(decode_batch(m, {{1, &a, nullptr, nullptr}, {2, &a, nullptr, nullptr}}, lg), std::invalid_argument);
-  EXPECT_THROW(decode_batch(m, {{1, nullptr, nullptr, nullptr}}, lg), std::invalid_argument);
-  RoutingTable wrong = RoutingTable::all_full(1, 1);
-  EXPECT_THROW(decode_batch(m, {{1, &a, &wrong, nullptr}}, lg), std::invalid_argument);
+  EXPECT_THROW(decode_batch(m, {{m.config.vocab, &a, nullptr}}, lg), std::runtime_error);
+  EXPECT_THROW(decode_batch(m, {{-1, &a, nullptr}}, lg), std::runtime_error);
+  EXPECT_THROW(decode_batch(m, {{1, &a, nullptr}, {2, &a, nullptr}}, lg), std::invalid_argument);
+  EXPECT_THROW(decode_batch(m, {{1, nullptr, nullptr}}, lg), std::invalid_argument);
+  KVCache wrong;
+  wrong.init(m.config, 8);
+  wrong.routing = RoutingTable::all_full(1, 1);
+  EXPECT_THROW(decode_batch(m, {{1, &wrong, nullptr}}, lg), std::invalid_argument);
   // A ring cache built for streaming heads, decoded with full routing, would read overwritten keys.
   RoutingTable ssa = small_sparse(m, std::vector<HeadMode>(4, HeadMode::Streaming));
   KVCache ring;
   ring.init(m.config, 200, &ssa);
   const RoutingTable all_full = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
-  EXPECT_THROW(decode_batch(m, {{1, &ring, &all_full, nullptr}}, lg), std::runtime_error);
+  ring.routing = all_full;
+  EXPECT_THROW(decode_batch(m, {{1, &ring, nullptr}}, lg), std::runtime_error);
   EXPECT_EQ(a.length, 0);
   EXPECT_EQ(ring.length, 0);
   decode_batch(m, {}, lg);
@@ -361,7 +364,7 @@ std::string write_tiny_qwen3(const std::string& tag, bool with_chat_template) {
 // What the engine alone answers for this prompt with greedy sampling, as the server's text: the Qwen3 end of turn
 // (151645) dropped, invalid UTF-8 (a token may end mid-character) replaced as the server's JSON writer does.
 std::string greedy_reference_text(const Model& m, const Tokenizer& tok, const std::vector<int32_t>& prompt, int n) {
-  std::vector<int32_t> out = generate(m, prompt, n, 0, SamplerParams{}, true, nullptr);
+  std::vector<int32_t> out = generate(m, RoutePolicy::all_full(m.config), prompt, n, 0, SamplerParams{}, true, nullptr);
   if (!out.empty() && out.back() == 151645) out.pop_back();
   return json::parse(json(tok.decode(out)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
 }
@@ -532,7 +535,9 @@ TEST_F(ServerHttp, CompletionMatchesEngine) {
     EXPECT_TRUE(e.contains(k)) << k;
   EXPECT_EQ(e["omega_msr"], 0.0);  // the model's own routing: all full
   const int n = r["usage"]["prompt_tokens"];
-  EXPECT_EQ(e["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(srv_->model().config, n + 10, srv_->model().routing));
+  EXPECT_EQ(e["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(srv_->model().config, n + 10,
+                                                                   RoutingTable::all_full(srv_->model().config.n_layers,
+                                                                                          srv_->model().config.n_kv_heads)));
   // Token-id prompts, and stop strings cut the text before the stop.
   std::vector<int32_t> ids = tok_->encode("Once upon a time");
   json r2 = post_json(c, "/v1/completions", {{"prompt", ids}, {"max_tokens", 12}, {"temperature", 0}}, &st);
@@ -1219,9 +1224,9 @@ struct AllStreamingRouter : PromptRouter {
 TEST(ServerLimits, ModelRouterDecidesAtPrefill) {
   const std::string dir = write_tiny_qwen3("server_router", false);
   Model m = Model::load(dir);
-  m.router = std::make_shared<AllStreamingRouter>();
   const ModelConfig cfg = m.config;
   ServerOptions o;
+  o.policy = RoutePolicy::routed(std::make_shared<AllStreamingRouter>());
   o.port = 0;
   o.max_context = 512;
   o.threads = 1;
@@ -1271,8 +1276,8 @@ TEST(ServerLimits, FullQueueIsRefusedWith429) {
   const std::string dir = write_tiny_qwen3("server_queue", false);
   Model m = Model::load(dir);
   auto gate = std::make_shared<GateRouter>();
-  m.router = gate;
   ServerOptions o;
+  o.policy = RoutePolicy::routed(gate);
   o.port = 0;
   o.max_context = 512;
   o.threads = 1;
@@ -1361,11 +1366,10 @@ TEST(ServerLimits, LongPrefillInterleavesWithDecode) {
   const std::string dir = write_tiny_qwen3("server_interleave", false);
   auto gate = std::make_shared<GateRouter>();
   Model m = Model::load(dir), mb = Model::load(dir);
-  m.router = gate;
-  mb.router = gate;  // the backend's model routes with the same router the server names
   const int n_layers = m.config.n_layers;
   auto rec = std::make_shared<RecordingBackend>(cpu_batch_backend(mb, 3, 32));
   ServerOptions o;
+  o.policy = RoutePolicy::routed(gate);
   o.port = 0;
   o.max_context = 512;
   o.threads = 1;
@@ -1504,8 +1508,8 @@ TEST(ServerLimits, EngineFailuresGetTheirStatus) {
   }
   const std::string dir = write_tiny_qwen3("server_engine_fail", false);
   Model m = Model::load(dir);
-  m.router = std::make_shared<FailingRouter>();
   ServerOptions o;
+  o.policy = RoutePolicy::routed(std::make_shared<FailingRouter>());
   o.port = 0;
   o.max_context = 64;
   o.threads = 1;
@@ -1557,7 +1561,7 @@ TEST(ServerBackend, CpuBackendAnswersLikeTheBatchedPath) {
   srv.start();
   httplib::Client c = client_of(srv.port());
   const std::vector<int32_t> ids = tok.encode("Once upon a time");
-  std::vector<int32_t> want = generate(*shared, ids, 12, 0, SamplerParams{}, true, nullptr);
+  std::vector<int32_t> want = generate(*shared, RoutePolicy::all_full(shared->config), ids, 12, 0, SamplerParams{}, true, nullptr);
   int st = 0;
   json r = post_json(c, "/v1/completions", {{"prompt", ids}, {"max_tokens", 12}, {"temperature", 0}}, &st);
   ASSERT_EQ(st, 200) << r.dump();
@@ -1566,7 +1570,9 @@ TEST(ServerBackend, CpuBackendAnswersLikeTheBatchedPath) {
   EXPECT_EQ(r["choices"][0]["text"].get<std::string>(),
             json::parse(json(tok.decode(want)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>());
   EXPECT_EQ(r["elastic"]["omega_msr"], 0.0);
-  EXPECT_EQ(r["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(shared->config, 256, shared->routing));
+  EXPECT_EQ(r["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(shared->config, 256,
+                                                                               RoutingTable::all_full(shared->config.n_layers,
+                                                                                                      shared->config.n_kv_heads)));
   // Streaming gives the same text, in deltas.
   const Sse sse = stream(c, "/v1/completions",
                          {{"prompt", ids}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true}});
@@ -1592,9 +1598,9 @@ TEST(ServerBackend, CpuBackendAnswersLikeTheBatchedPath) {
 TEST(ServerBackend, RouterDecidesOnTheBackendAndLimitsAreChecked) {
   const std::string dir = write_tiny_qwen3("server_backend_router", false);
   Model m = Model::load(dir);
-  m.router = std::make_shared<AllStreamingRouter>();
   auto shared = std::make_shared<const Model>(m);
-  const ServerOptions o = backend_options(shared, 512);
+  ServerOptions o = backend_options(shared, 512);
+  o.policy = RoutePolicy::routed(std::make_shared<AllStreamingRouter>());
   {
     ServerOptions bad = o;
     bad.max_slots = 4;
@@ -1638,8 +1644,9 @@ TEST(SequenceBackendCpu, RejectsMisuse) {
   RoutingTable used;
   EXPECT_THROW(be->decode(1, logits), std::logic_error);                              // before any prefill
   EXPECT_THROW(be->prefill(std::vector<int32_t>(40, 1), nullptr, nullptr, logits, used), std::invalid_argument);
-  AllStreamingRouter foreign;
-  EXPECT_THROW(be->prefill({1, 2, 3}, nullptr, &foreign, logits, used), std::invalid_argument);  // not the model's
+  AllStreamingRouter router;  // any router decides: the model holds none
+  be->prefill({1, 2, 3}, nullptr, &router, logits, used);
+  EXPECT_EQ(used.mode, AllStreamingRouter::table().mode);
   be->prefill(std::vector<int32_t>(31, 1), nullptr, nullptr, logits, used);
   EXPECT_EQ(logits.size(), static_cast<size_t>(m->config.vocab));
   be->decode(2, logits);                                                               // position 31: the last slot

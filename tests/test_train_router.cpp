@@ -242,17 +242,16 @@ TEST(RouterInference, RoutedPrefillEqualsPrefillUnderItsRouting) {
   // Bias the last layer so the decisions are mixed across heads.
   std::vector<int32_t> prompt(100);
   for (int i = 0; i < 100; ++i) prompt[i] = (i * 53 + 7) % m.config.vocab;
-  m.router = r;
   KVCache rc;
   rc.init_deferred(m.config, 120);
   std::vector<float> routed;
   AttentionStats st;
-  m.prefill(prompt.data(), 100, 32, rc, routed, true, &st);
+  m.prefill(prompt.data(), 100, 32, rc, routed, true, &st, r.get());
   ASSERT_EQ(rc.routing.n_layers, m.config.n_layers);
   EXPECT_EQ(rc.bytes(), expect_unrouted_prefill_equal(prompt, rc.routing, routed));
   // generate() with the router: decode follows the prompt's routing and reports it.
   GenerateStats gs;
-  auto out = generate(m, prompt, 5, 0, SamplerParams{}, false, &gs);
+  auto out = generate(m, RoutePolicy::routed(r), prompt, 5, 0, SamplerParams{}, false, &gs);
   EXPECT_EQ(out.size(), 5u);
   EXPECT_EQ(gs.routing.mode, rc.routing.mode);
 }
@@ -278,12 +277,11 @@ TEST(RouterConfig, ThreeConfigurationsRouteTheirDenseClass) {
   for (int i = 0; i < 100; ++i) prompt[i] = (i * 53 + 7) % m.config.vocab;
   // Router weights whose FA-SSA decisions on this prompt are mixed (both classes appear): the first such seed.
   auto fa_decisions = [&](uint64_t seed) {
-    Model mr = Model::load(fixture());
-    mr.router = std::make_shared<Router>(Router::init(s, seed));
+    const Router r = Router::init(s, seed);
     KVCache rc;
-    rc.init_deferred(mr.config, 120);
+    rc.init_deferred(m.config, 120);
     std::vector<float> lg;
-    mr.prefill(prompt.data(), 100, 32, rc, lg, false);
+    m.prefill(prompt.data(), 100, 32, rc, lg, false, nullptr, &r);
     return rc.routing.mode;
   };
   uint64_t seed = 1;
@@ -301,17 +299,15 @@ TEST(RouterConfig, ThreeConfigurationsRouteTheirDenseClass) {
     auto r = std::make_shared<Router>(Router::load(dir + "/" + name + ".safetensors", m.config));
     EXPECT_EQ(r->spec.dense_mode, s.dense_mode);
     EXPECT_EQ(r->spec.sparse_mode, s.sparse_mode);
-    Model mr = Model::load(fixture());
-    mr.router = r;
     KVCache rc;
-    rc.init_deferred(mr.config, 120);
+    rc.init_deferred(m.config, 120);
     std::vector<float> routed;
     if (r->spec.dense_mode == HeadMode::XAttn) {  // XAttention heads need chunks of whole blocks (64 here)
       KVCache bad;
-      bad.init_deferred(mr.config, 120);
-      EXPECT_THROW(mr.prefill(prompt.data(), 100, 32, bad, routed, true), std::invalid_argument);
+      bad.init_deferred(m.config, 120);
+      EXPECT_THROW(m.prefill(prompt.data(), 100, 32, bad, routed, true, nullptr, r.get()), std::invalid_argument);
     }
-    mr.prefill(prompt.data(), 100, 64, rc, routed, true);
+    m.prefill(prompt.data(), 100, 64, rc, routed, true, nullptr, r.get());
     if (fa_modes.empty()) {
       fa_modes = rc.routing.mode;
     } else {
@@ -329,12 +325,12 @@ std::vector<int32_t> continuation(const Model& m, const std::vector<int32_t>& pr
   KVCache c;
   c.init(m.config, static_cast<int>(prompt.size()) + n, &r);
   std::vector<float> lg;
-  m.forward(prompt.data(), static_cast<int>(prompt.size()), c, lg, false, nullptr, nullptr, true, &r);
+  m.forward(prompt.data(), static_cast<int>(prompt.size()), c, lg, false, nullptr, nullptr, true);
   std::vector<int32_t> out;
   Sampler greedy(SamplerParams{});
   for (int i = 0; i < n; ++i) {
     out.push_back(greedy.sample(lg.data(), m.config.vocab));
-    if (i + 1 < n) m.forward(&out.back(), 1, c, lg, false, nullptr, nullptr, false, &r);
+    if (i + 1 < n) m.forward(&out.back(), 1, c, lg, false);
   }
   return out;
 }
@@ -346,8 +342,9 @@ double answer_loss(const Model& m, const std::vector<TrainExample>& data, const 
     ids.insert(ids.end(), e.output_ids.begin(), e.output_ids.end());
     KVCache c;
     c.init(m.config, static_cast<int>(ids.size()));
+    c.routing = r;  // every position kept, attention masked by r (as the trainer's forward)
     std::vector<float> lg;
-    m.forward(ids.data(), static_cast<int>(ids.size()), c, lg, true, nullptr, nullptr, true, &r);
+    m.forward(ids.data(), static_cast<int>(ids.size()), c, lg, true, nullptr, nullptr, true);
     for (size_t t = e.input_ids.size() - 1; t + 1 < ids.size(); ++t)
       total += train::cross_entropy_row<float>(lg.data() + t * m.config.vocab, m.config.vocab, ids[t + 1], 1.f, nullptr);
   }
@@ -493,7 +490,6 @@ TEST(TrainRouter, FindsTheKnownRouting) {
   EXPECT_TRUE(std::ifstream(d + "/curves_sparsity.svg").good());
 
   // Held-out prompts of each kind.
-  m.router = std::make_shared<Router>(r);
   auto fresh_qa = make("qa", 0, 10), fresh_code = make("code", 256, 10);
   int qa_right = 0;
   double code_omega = 0;
@@ -501,7 +497,7 @@ TEST(TrainRouter, FindsTheKnownRouting) {
     KVCache kc;
     kc.init_deferred(c, 100);
     std::vector<float> lg;
-    m.prefill(e.input_ids.data(), 100, 100, kc, lg, false);
+    m.prefill(e.input_ids.data(), 100, 100, kc, lg, false, nullptr, &r);
     RoutingTable want = sparse;
     want.mode[0] = HeadMode::Full;
     qa_right += kc.routing.mode == want.mode;
@@ -510,7 +506,7 @@ TEST(TrainRouter, FindsTheKnownRouting) {
     KVCache kc;
     kc.init_deferred(c, 100);
     std::vector<float> lg;
-    m.prefill(e.input_ids.data(), 100, 100, kc, lg, false);
+    m.prefill(e.input_ids.data(), 100, 100, kc, lg, false, nullptr, &r);
     code_omega += kc.routing.msr() / fresh_code.size();
   }
   EXPECT_GE(qa_right, 8) << "router keeps head (0, 0) full on sensitive prompts";
@@ -522,15 +518,15 @@ TEST(TrainRouter, FindsTheKnownRouting) {
   o.spec.input = RouterInput::HeadIdentity;
   Router st = train_router(m, data, o);
   st.save(d + "/static.safetensors");
-  m.router = std::make_shared<Router>(Router::load(d + "/static.safetensors", c));
-  EXPECT_EQ(static_cast<const Router&>(*m.router).spec.input, RouterInput::HeadIdentity);
+  const Router loaded = Router::load(d + "/static.safetensors", c);
+  EXPECT_EQ(loaded.spec.input, RouterInput::HeadIdentity);
   std::vector<HeadMode> first;
   for (auto* set : {&fresh_qa, &fresh_code})
     for (auto& e : *set) {
       KVCache kc;
       kc.init_deferred(c, 100);
       std::vector<float> lg;
-      m.prefill(e.input_ids.data(), 100, 100, kc, lg, false);
+      m.prefill(e.input_ids.data(), 100, 100, kc, lg, false, nullptr, &loaded);
       if (first.empty()) first = kc.routing.mode;
       EXPECT_EQ(kc.routing.mode, first) << "a learned-static router routed two prompts differently";
     }
@@ -602,7 +598,6 @@ TEST(RouterExport, LearnedStaticRouterHasOneRouting) {
   auto r = std::make_shared<Router>(Router::init(hs, 11));
   const RoutingTable fixed = r->fixed_routing();
   EXPECT_EQ(fixed.sparse.local, hs.sparse.local);
-  m.router = r;
   std::mt19937_64 rng(3);
   for (int prompt = 0; prompt < 2; ++prompt) {
     std::vector<int32_t> ids(90);
@@ -610,7 +605,7 @@ TEST(RouterExport, LearnedStaticRouterHasOneRouting) {
     KVCache cache;
     cache.init_deferred(m.config, static_cast<int>(ids.size()));
     std::vector<float> logits;
-    m.prefill(ids.data(), static_cast<int>(ids.size()), 32, cache, logits, false);
+    m.prefill(ids.data(), static_cast<int>(ids.size()), 32, cache, logits, false, nullptr, r.get());
     EXPECT_EQ(cache.routing.mode, fixed.mode) << "prompt " << prompt;
   }
   EXPECT_THROW(Router::init(spec_for(m), 11).fixed_routing(), std::invalid_argument);
@@ -618,7 +613,7 @@ TEST(RouterExport, LearnedStaticRouterHasOneRouting) {
 
 // The representation analysis: the recorder sees exactly the router's input; two copies of a prompt have cosine 1
 // before and after the task MLP, so a set where each task's prompts are copies separates perfectly (within = 1); the
-// model's own router is put back; too few prompts are refused.
+// too few prompts are refused.
 TEST(RouterFeatures, SeparationOfCopiesAndDistinctTasks) {
   Model m = Model::load(fixture());
   const Router r = Router::init(spec_for(m), 4);
@@ -630,10 +625,7 @@ TEST(RouterFeatures, SeparationOfCopiesAndDistinctTasks) {
     for (auto& x : p) x = static_cast<int32_t>(rng() % m.config.vocab);
     for (int copy = 0; copy < 2; ++copy) prompts.push_back(p), tasks.push_back(t);
   }
-  auto own = std::make_shared<Router>(Router::init(spec_for(m), 5));
-  m.router = own;
   const FeatureSeparation s = router_feature_separation(m, r, prompts, tasks, 32);
-  EXPECT_EQ(m.router, own);
   ASSERT_EQ(s.n_layers, m.config.n_layers);
   EXPECT_EQ(s.prompts, 6);
   for (int l = 0; l < s.n_layers; ++l)

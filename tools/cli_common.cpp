@@ -102,18 +102,21 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& model, const 
   return nullptr;
 }
 
-void apply_routing(Model& m, const std::string& routing_file, const std::string& mode, const std::string& router) {
+RoutePolicy route_policy(const ModelConfig& c, const std::string& routing_file, const std::string& mode,
+                         const std::string& router) {
   if (!routing_file.empty() + !mode.empty() + !router.empty() > 1)
     throw std::runtime_error("give one of --routing, --mode and --router");
-  if (!router.empty()) m.router = std::make_shared<Router>(Router::load(router, m.config));
-  if (!routing_file.empty()) m.routing = load_routing(routing_file, m.config.n_layers, m.config.n_kv_heads);
-  else if (!mode.empty()) m.routing = RoutingTable::uniform(m.config.n_layers, m.config.n_kv_heads, parse_head_mode(mode));
-  const SparseSettings& s = m.routing.sparse;
+  if (!router.empty()) return RoutePolicy::routed(std::make_shared<Router>(Router::load(router, c)));
+  if (!mode.empty()) return RoutePolicy::fixed(RoutingTable::uniform(c.n_layers, c.n_kv_heads, parse_head_mode(mode)));
+  if (routing_file.empty()) return RoutePolicy::all_full(c);
+  RoutePolicy p = RoutePolicy::fixed(load_routing(routing_file, c.n_layers, c.n_kv_heads));
+  const SparseSettings& s = p.table.sparse;
   // A routing file written for another model can ask for a window longer than this one's context.
-  if (!routing_file.empty() && m.routing.msr() > 0 && int64_t{s.sink} + s.local > m.config.max_positions)
+  if (p.table.msr() > 0 && int64_t{s.sink} + s.local > c.max_positions)
     throw std::runtime_error(routing_file + ": streaming sink + local (" + std::to_string(s.sink) + " + " +
                              std::to_string(s.local) + ") exceeds the model's context " +
-                             std::to_string(m.config.max_positions) + " tokens");
+                             std::to_string(c.max_positions) + " tokens");
+  return p;
 }
 
 void add_routing_options(CLI::App* sub, std::string& routing, std::string& mode, std::string& router, int& chunk) {

@@ -10,6 +10,7 @@
 
 #include "elastic/attention.h"
 #include "elastic/model.h"
+#include "elastic/route_policy.h"
 #include "elastic/tokenizer.h"
 
 namespace elastic::cli {
@@ -65,7 +66,9 @@ std::string beside_markdown(const std::string& md_path, const std::string& suffi
 std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& model, const std::string& override_path,
                                                 bool required = false);
 // --routing FILE, --mode full|ssa|xattn (all heads one mode) or --router R (routes each prompt); at most one.
-void apply_routing(Model& m, const std::string& routing_file, const std::string& mode, const std::string& router = "");
+// The run's routing policy (all heads full when none is given).
+RoutePolicy route_policy(const ModelConfig& c, const std::string& routing_file, const std::string& mode,
+                         const std::string& router = "");
 // --routing / --mode / --router (and --chunk, the prefill chunk size) on a subcommand.
 void add_routing_options(CLI::App* sub, std::string& routing, std::string& mode, std::string& router, int& chunk);
 // The run's routing figures, the same on both devices: Omega_MSR, Omega_ESR and attention FLOPs from `st`, and the KV

@@ -136,10 +136,8 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
     std::vector<Method> methods;
     for (const auto& n : names) methods.push_back(builtin_method(n, m, need_scores ? &hs : nullptr, o->sparse));
     if (!o->routing.empty()) {
-      Model tmp;  // apply_routing validates the file against the model
-      tmp.config = m.config;
-      apply_routing(tmp, o->routing, "");
-      methods.push_back(method_fixed("routing:" + fs::path(o->routing).stem().string(), tmp.routing));
+      const RoutePolicy file = route_policy(m.config, o->routing, "");  // validates the file against the model
+      methods.push_back(method_fixed("routing:" + fs::path(o->routing).stem().string(), file.table));
     }
     if (!o->mode.empty()) methods.push_back(method_uniform("mode:" + o->mode, parse_head_mode(o->mode)));
     for (Method& me : routers) methods.push_back(std::move(me));

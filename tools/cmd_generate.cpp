@@ -54,7 +54,7 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
     set_threads(o->threads);
     if (o->prompt.empty() && o->ids.empty()) throw std::runtime_error("generate: give -p TEXT or --ids IDS.npy");
     Model m = Model::load(o->model);
-    apply_routing(m, o->routing, o->mode, o->router);
+    const RoutePolicy policy = route_policy(m.config, o->routing, o->mode, o->router);
     std::unique_ptr<Tokenizer> t;
     std::vector<int32_t> prompt;
     if (!o->ids.empty()) {
@@ -87,13 +87,13 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
       auto g = cuda::GpuModel::upload(m, go);
       std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
       const auto be = cuda::gpu_sequence_backend(*g);
-      out = generate(*be, m.config, prompt, o->n, m.router ? nullptr : &m.routing, m.router.get(), sp, !o->ignore_eos,
-                     &st, stream);
+      out = generate(*be, m.config, prompt, o->n, policy.fixed_table(), policy.prompt_router(), sp, !o->ignore_eos, &st,
+                     stream);
 #else
       no_cuda_backend("generate");
 #endif
     } else {
-      out = generate(m, prompt, o->n, o->ctx, sp, !o->ignore_eos, &st, stream, o->chunk);
+      out = generate(m, policy, prompt, o->n, o->ctx, sp, !o->ignore_eos, &st, stream, o->chunk);
     }
     if (o->print_ids || !t) std::cout << ids_json(out);
     std::cout << std::endl;

@@ -30,7 +30,7 @@ void add_logits_command(CLI::App& app, Commands& cmds) {
     std::vector<int32_t> ids = read_npy_ids(o->ids);
     if (ids.empty()) throw std::runtime_error(o->ids + ": no token ids");
     Model m = Model::load(o->model);
-    apply_routing(m, o->routing, o->mode, o->router);
+    const RoutePolicy policy = route_policy(m.config, o->routing, o->mode, o->router);
     const int T = static_cast<int>(ids.size());
     if (m.config.max_positions > 0 && T > m.config.max_positions)
       throw std::runtime_error(o->ids + ": " + std::to_string(T) + " ids exceed the model's context " +
@@ -43,7 +43,7 @@ void add_logits_command(CLI::App& app, Commands& cmds) {
       go.chunk = o->chunk;
       auto g = cuda::GpuModel::upload(m, go);
       std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
-      g->prefill(ids.data(), T, m.router ? nullptr : &m.routing, m.router.get(), &logits, true);
+      g->prefill(ids.data(), T, policy.fixed_table(), policy.prompt_router(), &logits, true);
       // The same figures the CPU prints, from the routing the prompt got (XAttention heads: NaN, input-dependent).
       print_metrics(g->routing(), routed_prefill_stats(g->routing(), T), T);
 #else
@@ -51,10 +51,10 @@ void add_logits_command(CLI::App& app, Commands& cmds) {
 #endif
     } else {
       KVCache cache;
-      cache.init(m.config, T);
+      const PromptRouter* r = init_sequence_cache(m.config, T, policy.fixed_table(), policy.prompt_router(), cache);
       AttentionStats st;
-      m.prefill(ids.data(), T, o->chunk, cache, logits, true, &st);
-      print_metrics(cache.routing.n_layers ? cache.routing : m.routing, st, T);
+      m.prefill(ids.data(), T, o->chunk, cache, logits, true, &st, r);
+      print_metrics(cache.routing, st, T);
     }
     write_npy_f32(o->out, logits.data(), {static_cast<int64_t>(T), m.config.vocab});
   }});

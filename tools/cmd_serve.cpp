@@ -74,9 +74,8 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     Model m = Model::load(o->model);
     if (!o->router.empty() && (!o->routing.empty() || !o->mode.empty()))
       throw std::runtime_error("serve: give --router or --routing/--mode, not both");
-    apply_routing(m, o->routing, o->mode);
-    if (!o->router.empty()) m.router = std::make_shared<const Router>(Router::load(o->router, m.config));
     ServerOptions so;
+    so.policy = route_policy(m.config, o->routing, o->mode, o->router);
     so.host = o->host;
     so.port = o->port;
     so.model_name = o->name;
@@ -108,9 +107,7 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
       so.max_context = go.max_ctx;
     }
 #endif
-    char msr[32];
-    std::snprintf(msr, sizeof msr, "%.3f", m.routing.msr());
-    const std::string routing_desc = m.router ? "per-request router " + o->router : std::string("fixed routing, Omega_MSR ") + msr;
+    const std::string routing_desc = so.policy.router ? "per-request router " + o->router : so.policy.describe();
     Server srv(std::move(m), o->model, so);
     const int port = srv.bind();
     if (gpu)

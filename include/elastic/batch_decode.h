@@ -12,8 +12,6 @@ namespace elastic {
 struct DecodeSlot {
   int32_t token = 0;                      // next input id; it sits at position cache->length
   KVCache* cache = nullptr;               // this sequence's cache (hybrid for its routing); appended to
-  const RoutingTable* routing = nullptr;  // this sequence's routing; nullptr = the cache's (KVCache::routing), else
-                                          // the model's: the same choice as Model::forward
   AttentionStats* stats = nullptr;        // optional, accumulated like Model::forward's
 };
 

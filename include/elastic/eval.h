@@ -22,7 +22,7 @@ namespace elastic {
 
 // A way of routing a prompt: fixed tables (full, all-SSA, static retrieval-head routing) ignore the prompt; a
 // function of the prompt can compute its own table; a trained router (`router` set) routes the prompt layer by layer
-// inside the prefill (Model::prefill with Model::router), so its decision costs no extra pass.
+// inside the prefill (Model::prefill given the router), so its decision costs no extra pass.
 struct Method {
   std::string name;
   std::function<RoutingTable(const Model& m, const std::vector<int32_t>& prompt)> route;  // unused when router is set
@@ -95,9 +95,9 @@ struct SampleResult {
   static SampleResult from_json(const nlohmann::json& j, const std::string& where);
 };
 
-// Runs one prepared sample routed by `r`, or, when r is null, by the model's router (m.router must be set).
-// backend: run it there instead of on the CPU model (the router, when r is null, is m.router).
-SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& s, const RoutingTable* r,
+// Runs one prepared sample routed by `policy` (its table, or its router's decision at prefill).
+// backend: run it there instead of on the CPU model.
+SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& s, const RoutePolicy& policy,
                         int prefill_chunk = kDefaultPrefillChunk, SequenceBackend* backend = nullptr);
 
 struct CellSummary {
@@ -127,8 +127,8 @@ struct EvalSummary {
 // The checks run_eval starts with (also generates each task's first sample per length); callers that do costly
 // set-up first (probing head scores) can call it before.
 void check_eval_options(const Model& m, const Tokenizer* tok, const std::vector<Method>& methods, const EvalOptions& o);
-// m.router is set to a router method's router while that method runs and restored afterwards (also on errors).
-EvalSummary run_eval(Model& m, const Tokenizer* tok, const std::vector<Method>& methods, const EvalOptions& o);
+// Each method routes every sample by its own policy (its router, or its routing function); the model is not changed.
+EvalSummary run_eval(const Model& m, const Tokenizer* tok, const std::vector<Method>& methods, const EvalOptions& o);
 
 // Reads results.jsonl; a torn last line (a killed run) is dropped and the file truncated to its last full line.
 // Any other malformed line throws naming the file and line.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "elastic/model.h"
+#include "elastic/route_policy.h"
 
 namespace elastic {
 
@@ -43,9 +44,9 @@ struct GenerateStats {
 constexpr int kMaxContext = 1 << 24;
 int generation_capacity(int64_t prompt_len, int64_t n_new, int64_t context, int max_positions);
 
-// Prefills `prompt`, then emits up to n_new tokens (stops at an EOS id when stop_at_eos).
-// on_token (optional) sees each new id as it is produced.
-std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt, int n_new, int context,
+// Prefills `prompt` (routed by `policy`: its table, or its router's decision), then emits up to n_new tokens (stops at
+// an EOS id when stop_at_eos). on_token (optional) sees each new id as it is produced.
+std::vector<int32_t> generate(const Model& m, const RoutePolicy& policy, const std::vector<int32_t>& prompt, int n_new, int context,
                               const SamplerParams& sp, bool stop_at_eos, GenerateStats* stats,
                               const std::function<void(int32_t)>& on_token = {}, int prefill_chunk = kDefaultPrefillChunk);
 

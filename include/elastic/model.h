@@ -42,13 +42,14 @@ ModelWeights load_weights(const ModelConfig& cfg, const std::string& model_dir);
 // Key/value cache: per layer, per KV head (index l * Hkv + h), [slots, hd] rows. `capacity` counts positions.
 // A full head has one slot per position. With a routing given, a streaming head keeps only its sink blocks plus a
 // ring of its local window (the hybrid cache), so memory falls with sparsity.
-// The routing the cache was built for travels with it, so decode steps keep the prompt's routing.
+// The cache owns its sequence's routing (the one place it lives): init sets it (all full when none is given), a
+// routed prefill decides it layer by layer, and every later forward, decode step and extend runs under it.
 struct KVCache {
   int n_layers = 0, n_kv_heads = 0, head_dim = 0, capacity = 0, length = 0;
   std::vector<std::vector<float>> k, v;
   std::vector<int> sink_slots, ring_slots;  // per head; ring 0 = one slot per position
-  RoutingTable routing;                     // empty (n_layers 0) = follow the model's routing
-  void init(const ModelConfig& cfg, int capacity, const RoutingTable* hybrid = nullptr);
+  RoutingTable routing;                     // empty only while a routed prefill is deciding it
+  void init(const ModelConfig& cfg, int capacity, const RoutingTable* hybrid = nullptr);  // hybrid null: all full
   // Sizes nothing yet: a routed prefill allocates each layer once its router has decided (allocate_layer).
   void init_deferred(const ModelConfig& cfg, int capacity);
   // (Re)allocates layer l's heads for their modes: streaming heads get sink + window slots when that is smaller.
@@ -74,9 +75,6 @@ std::vector<int> boundary_positions(int prompt_len, int first, int last);
 struct Model {
   ModelConfig config;
   ModelWeights weights;
-  RoutingTable routing;  // defaults to all-full
-  // When set, a prefill into an empty cache routes the prompt layer by layer and stores the routing in the cache.
-  std::shared_ptr<const PromptRouter> router;
   std::vector<float> rope_inv_freq;  // [hd/2], llama3 scaling applied; computed once at load
 
   // A Hugging Face folder (config.json + safetensors) or a .gguf file (dispatches to load_gguf).
@@ -85,44 +83,41 @@ struct Model {
   // llama.cpp's Q/K row permutation undone.
   static Model load_gguf(const std::string& gguf_path);
 
-  // Runs T tokens at positions [cache.length, cache.length + T) and appends them to the cache.
+  // Runs T tokens at positions [cache.length, cache.length + T) under the cache's routing and appends them to it.
   // logits: [T, V] when all_logits, else [1, V] for the last position.
   // stats (optional) accumulates attention work and the last layer's block skips (Omega_ESR).
   void forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
                AttentionStats* stats = nullptr, std::vector<std::vector<float>>* last_row_probs = nullptr,
-               bool prefill = false, const RoutingTable* routing_override = nullptr) const;
+               bool prefill = false) const;
   // A call with T > 1 or prefill = true is a prefill step (XAttention selects blocks); else a decode step.
   // Prefill in chunks of `chunk` tokens: the same result as one pass for full and streaming heads, and for
   // XAttention heads when `chunk` is a multiple of the block size.
-  // With a router and an empty cache the prompt runs layer by layer (all chunks of layer l, then l + 1), so that
-  // layer l's router sees the whole prompt's keys before that layer's attention; the result equals the unrouted
-  // prefill under the routing it decided.
+  // Without a router the chunks run under the cache's routing. With one (the cache empty) the prompt runs layer by
+  // layer (all chunks of layer l, then l + 1), so that layer l's router sees the whole prompt's keys before that
+  // layer's attention; the cache is resized layer by layer as it decides and keeps the routing decided; the result
+  // equals the unrouted prefill under that routing.
   void prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::vector<float>& logits, bool all_logits,
-               AttentionStats* stats = nullptr, const RoutingTable* routing_override = nullptr) const;
+               AttentionStats* stats = nullptr, const PromptRouter* router = nullptr) const;
   // last_row_probs (optional): per layer, [Hq, cache.length] attention weights of the last position (probing).
-  // routing_override (optional): route this call by another table than `routing` (per-request routing, e.g. a
-  // router's decision for this prompt); it must keep the layer/head counts.
 };
 
 // Readies an empty `cache` for a prompt's prefill into `capacity` positions, the one rule both CPU backends follow:
-// routed by `router` (which must be the model's own, Model::router), the cache is sized layer by layer as it decides
-// (init_deferred) and `table` is cleared; else `table` becomes `routing` (all full when null) and the cache is built
-// for it (init). Returns the table the prefill runs under, nullptr when the router decides. Throws
-// std::invalid_argument naming `who` for another router.
-const RoutingTable* init_sequence_cache(const Model& m, int capacity, const RoutingTable* routing,
-                                        const PromptRouter* router, KVCache& cache, RoutingTable& table,
-                                        const char* who);
+// routed by `router` (when `routing` is null), the cache is sized layer by layer as it decides (init_deferred);
+// else the cache is built for `routing` (all full when null), which it then holds. Returns the router the prefill
+// runs under: nullptr when a table routes it.
+const PromptRouter* init_sequence_cache(const ModelConfig& c, int capacity, const RoutingTable* routing,
+                                        const PromptRouter* router, KVCache& cache);
 
 // A prompt's prefill into an empty cache in steps of one chunk through one layer (layer-major: every chunk of layer
 // l, then l + 1), so a server can run other sequences' decode steps between steps and a long prompt stalls them by
 // one step at most. Routed by `router` (layer l decided from its boundary keys before its attention; the cache is
-// sized layer by layer: init_deferred) or by a table (the cache built for it: init). The same arithmetic as
+// sized layer by layer: init_deferred) or, router null, by the table the cache was built for (init). The same arithmetic as
 // Model::prefill, whose routed path is this cursor run to the end: the cache and logits are bit-identical.
 class PrefillCursor {
  public:
   // m, ids and cache must outlive the cursor; stats (optional) accumulates like Model::prefill's.
-  PrefillCursor(const Model& m, const int32_t* ids, int T, int chunk, KVCache& cache, const RoutingTable* routing,
-                const PromptRouter* router, AttentionStats* stats = nullptr);
+  PrefillCursor(const Model& m, const int32_t* ids, int T, int chunk, KVCache& cache, const PromptRouter* router,
+                AttentionStats* stats = nullptr);
   bool done() const { return layer_ >= n_layers_; }
   int steps_left() const;
   void step();  // one chunk of the current layer (routing the layer first where a router decides)

@@ -45,12 +45,12 @@ LikelihoodScore backend_likelihood(SequenceBackend& be, const std::vector<int32_
                                    const PromptRouter* router, int V, RoutingTable& used);
 // Prefills prompt (last logits), then prefills ref[0..n-2] with all_logits, so every reference token gets its
 // predicted distribution; the cache is built for `routing` (hybrid when it has streaming heads). routing == nullptr:
-// the model's router (m.router) routes the prompt during its prefill. routed_out (optional) receives the routing used.
+// `router` routes the prompt during its prefill. routed_out (optional) receives the routing used.
 // stats (optional) receives the prompt prefill's attention work (not the reference rows'). backend_likelihood on the
 // CPU backend. Throws when prompt + ref exceeds the model context.
 LikelihoodScore reference_likelihood(const Model& m, const std::vector<int32_t>& prompt,
                                      const std::vector<int32_t>& ref, const RoutingTable* routing,
-                                     AttentionStats* stats = nullptr, int prefill_chunk = 16384,
+                                     const PromptRouter* router = nullptr, AttentionStats* stats = nullptr, int prefill_chunk = 16384,
                                      RoutingTable* routed_out = nullptr);
 
 }  // namespace elastic

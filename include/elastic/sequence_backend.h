@@ -48,8 +48,7 @@ class SequenceBackend {
   std::vector<float> greedy_logits_;  // decode_greedy's default: one vocabulary row kept, not allocated per token
 };
 
-// The CPU model as a SequenceBackend, caches of `capacity` positions, prefill in chunks of `prefill_chunk`. A router
-// given to prefill must be the model's own (Model::router); throws std::invalid_argument otherwise.
+// The CPU model as a SequenceBackend, caches of `capacity` positions, prefill in chunks of `prefill_chunk`.
 std::shared_ptr<SequenceBackend> cpu_sequence_backend(std::shared_ptr<const Model> m, int capacity, int prefill_chunk);
 
 }  // namespace elastic

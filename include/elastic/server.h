@@ -11,6 +11,7 @@
 
 #include "elastic/batch_backend.h"
 #include "elastic/model.h"
+#include "elastic/route_policy.h"
 #include "elastic/sequence_backend.h"
 
 namespace elastic {
@@ -42,8 +43,10 @@ struct ServerOptions {
   // default it is tokenized as text, so a user cannot open a system turn.
   bool allow_special_in_content = false;
   int max_context = 0;             // prompt + max_tokens per request; 0 = the model's max_position_embeddings
-  // Routing of one request from its prompt ids. Empty: the model's PromptRouter (Model::router) decides in prefill
-  // when the model has one, else every request uses the model's routing (Model::routing).
+  // How each request is routed: policy.router decides in prefill when set, else every request runs under
+  // policy.table (every head full when the table is empty). `route`, when set, takes precedence: a routing of one
+  // request from its prompt ids.
+  RoutePolicy policy;
   std::function<RoutingTable(const std::vector<int32_t>& prompt)> route;
   int threads = 0;                 // OpenMP threads of the engine; 0 = the runtime default
   int http_threads = 0;            // HTTP workers for POST requests; 0 = max_slots + 16 (GETs have 2 of their own)
@@ -51,10 +54,10 @@ struct ServerOptions {
   bool log_requests = false;       // one line per request to stderr
   // When set, requests run on this backend (e.g. the GPU model, `serve --device cuda`) one at a time instead of on
   // the CPU model in batches: max_slots must be 1 and max_context at most the backend's capacity. The model still
-  // supplies the config, the routing and the router.
+  // supplies the config; `policy` the routing.
   std::shared_ptr<SequenceBackend> backend;
   // When set (and `backend` is not), requests run on this batch backend's slots instead of the CPU model's own
-  // (cpu_batch_backend); max_slots must not exceed its slots. The model still supplies config, routing and router.
+  // (cpu_batch_backend); max_slots must not exceed its slots. The model still supplies the config; `policy` the routing.
   std::shared_ptr<BatchBackend> batch_backend;
 };
 

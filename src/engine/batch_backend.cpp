@@ -27,9 +27,9 @@ class CpuBatchBackend : public BatchBackend {
     s = Seq{};
     if (prompt.empty()) throw std::invalid_argument("cpu_batch_backend: empty prompt");
     s.prompt = prompt;  // the cursor reads the ids until the last step
-    const RoutingTable* table = init_sequence_cache(m_, capacity, routing, router, s.cache, s.routing, "cpu_batch_backend");
+    const PromptRouter* r = init_sequence_cache(m_.config, capacity, routing, router, s.cache);
     s.cursor = std::make_unique<PrefillCursor>(m_, s.prompt.data(), static_cast<int>(s.prompt.size()), chunk_, s.cache,
-                                               table, table ? nullptr : router, &s.stats);
+                                               r, &s.stats);
   }
 
   bool prefill_step(int slot, std::vector<float>& logits, RoutingTable& used) override {
@@ -38,10 +38,9 @@ class CpuBatchBackend : public BatchBackend {
     s.cursor->step();
     if (!s.cursor->done()) return false;
     s.cursor->finish(logits);
-    s.routing = s.cursor->routing();
     s.cursor.reset();
     s.prompt = {};
-    used = s.routing;
+    used = s.cache.routing;  // finish() stored the routing the prefill ran under
     return true;
   }
 
@@ -51,7 +50,7 @@ class CpuBatchBackend : public BatchBackend {
     d.reserve(slots.size());
     for (size_t b = 0; b < slots.size(); ++b) {
       Seq& s = at(slots[b]);
-      d.push_back({ids[b], &s.cache, &s.routing, &s.stats});
+      d.push_back({ids[b], &s.cache, &s.stats});
     }
     decode_batch(m_, d, logits);
   }
@@ -65,8 +64,7 @@ class CpuBatchBackend : public BatchBackend {
 
  private:
   struct Seq {
-    KVCache cache;
-    RoutingTable routing;
+    KVCache cache;  // holds the sequence's routing once its prefill starts (deciding it, with a router)
     AttentionStats stats;  // prefill and decode rows, counted
     std::vector<int32_t> prompt;            // while its prefill runs
     std::unique_ptr<PrefillCursor> cursor;  // while its prefill runs

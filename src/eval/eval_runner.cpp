@@ -236,11 +236,13 @@ SampleResult SampleResult::from_json(const json& j, const std::string& where) {
   return r;
 }
 
-SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& s, const RoutingTable* r,
+SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& s, const RoutePolicy& policy,
                         int prefill_chunk, SequenceBackend* backend) {
   using clock = std::chrono::steady_clock;
   const ModelConfig& c = m.config;
-  if (!r && !m.router) throw std::runtime_error("eval: no routing given and the model has no router");
+  const RoutingTable* r = policy.fixed_table();
+  const PromptRouter* router = policy.prompt_router();
+  if (r && r->n_layers == 0) throw std::runtime_error("eval: no routing table and no router");
   if (r && (r->n_layers != c.n_layers || r->n_kv_heads != c.n_kv_heads ||
             r->mode.size() != static_cast<size_t>(c.n_layers) * c.n_kv_heads))
     throw std::runtime_error("routing table is " + std::to_string(r->n_layers) + " x " + std::to_string(r->n_kv_heads) +
@@ -282,13 +284,13 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
   const auto t0 = clock::now();
   if (likelihood) {
     const LikelihoodScore ls =
-        backend_likelihood(*backend, s.prompt_ids, s.reference_ids, r, r ? nullptr : m.router.get(), c.vocab, used);
+        backend_likelihood(*backend, s.prompt_ids, s.reference_ids, r, router, c.vocab, used);
     out.logprob = ls.mean_logprob;
     out.greedy_acc = ls.greedy_acc;
     out.score = ls.score();
     out.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
   } else {
-    backend->prefill(s.prompt_ids, r, r ? nullptr : m.router.get(), logits, used);
+    backend->prefill(s.prompt_ids, r, router, logits, used);
     const auto t1 = clock::now();
     Sampler greedy(SamplerParams{});
     auto score_of = [&](const std::vector<int32_t>& ids) {
@@ -422,7 +424,7 @@ void check_eval_options(const Model& m, const Tokenizer* tok, const std::vector<
     }
 }
 
-EvalSummary run_eval(Model& m, const Tokenizer* tok, const std::vector<Method>& methods, const EvalOptions& o) {
+EvalSummary run_eval(const Model& m, const Tokenizer* tok, const std::vector<Method>& methods, const EvalOptions& o) {
   check_eval_options(m, tok, methods, o);
   const ModelConfig& c = m.config;
   const std::vector<std::string> tasks = o.tasks.empty() ? ruler_task_names() : o.tasks;
@@ -474,20 +476,9 @@ EvalSummary run_eval(Model& m, const Tokenizer* tok, const std::vector<Method>& 
             ++p.done;
             continue;
           }
-          SampleResult r;
-          if (me.router) {
-            // The router routes inside the prefill; the model's own router is put back afterwards, also on errors.
-            struct Restore {
-              Model& m;
-              std::shared_ptr<const PromptRouter> saved;
-              ~Restore() { m.router = saved; }
-            } restore{m, m.router};
-            m.router = me.router;
-            r = run_sample(m, tok, s, nullptr, o.prefill_chunk, o.backend.get());
-          } else {
-            const RoutingTable table = me.route(m, s.prompt_ids);
-            r = run_sample(m, tok, s, &table, o.prefill_chunk, o.backend.get());
-          }
+          // The method's router routes inside the prefill; else its routing function gives this prompt's table.
+          const RoutePolicy policy = me.router ? RoutePolicy::routed(me.router) : RoutePolicy::fixed(me.route(m, s.prompt_ids));
+          SampleResult r = run_sample(m, tok, s, policy, o.prefill_chunk, o.backend.get());
           r.method = me.name;
           r.sample = i;
           r.length = L;

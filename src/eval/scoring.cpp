@@ -113,10 +113,11 @@ LikelihoodScore likelihood_from_logits(const float* logits, int V, const std::ve
 
 LikelihoodScore reference_likelihood(const Model& m, const std::vector<int32_t>& prompt,
                                      const std::vector<int32_t>& ref, const RoutingTable* routing,
-                                     AttentionStats* stats, int prefill_chunk, RoutingTable* routed_out) {
+                                     const PromptRouter* router, AttentionStats* stats, int prefill_chunk,
+                                     RoutingTable* routed_out) {
   if (prompt.empty()) throw std::runtime_error("likelihood: empty prompt");
   if (ref.empty()) throw std::runtime_error("likelihood: empty reference");
-  if (!routing && !m.router) throw std::runtime_error("likelihood: no routing and the model has no router");
+  if (!routing && !router) throw std::runtime_error("likelihood: no routing and no router");
   const int V = m.config.vocab;
   const int need = static_cast<int>(prompt.size() + ref.size()) - 1;
   if (m.config.max_positions > 0 && need > m.config.max_positions)
@@ -125,7 +126,7 @@ LikelihoodScore reference_likelihood(const Model& m, const std::vector<int32_t>&
                              std::to_string(m.config.max_positions));
   const auto be = cpu_sequence_backend(std::shared_ptr<const Model>(&m, [](const Model*) {}), need, prefill_chunk);
   RoutingTable used;
-  const LikelihoodScore ls = backend_likelihood(*be, prompt, ref, routing, routing ? nullptr : m.router.get(), V, used);
+  const LikelihoodScore ls = backend_likelihood(*be, prompt, ref, routing, routing ? nullptr : router, V, used);
   if (stats) *stats = *be->counted_attention(true);  // the prompt's work: the reference rows are how it is read
   if (routed_out) *routed_out = used;
   return ls;

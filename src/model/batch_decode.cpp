@@ -14,11 +14,8 @@ namespace elastic {
 
 namespace {
 
-// The routing a slot decodes under, chosen as Model::forward does: the slot's own, else the one its cache was built
-// for, else the model's.
-const RoutingTable& slot_routing(const Model& m, const DecodeSlot& s) {
-  return s.routing ? *s.routing : s.cache->routing.n_layers ? s.cache->routing : m.routing;
-}
+// The routing a slot decodes under: its cache's, as Model::forward's.
+const RoutingTable& slot_routing(const Model&, const DecodeSlot& s) { return s.cache->routing; }
 
 // All checks up front, so a bad slot leaves every cache untouched.
 void check_slots(const Model& m, const std::vector<DecodeSlot>& slots) {

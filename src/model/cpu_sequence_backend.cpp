@@ -27,11 +27,11 @@ class CpuSequenceBackend : public SequenceBackend {
     cache_ = KVCache{};
     counted_ = AttentionStats{};
     const int T = static_cast<int>(prompt.size());
-    // A router routes layer by layer inside the prefill (table null); a table is the prefill's override.
-    const RoutingTable* table =
-        init_sequence_cache(*m_, capacity_, routing, router, cache_, table_, "cpu_sequence_backend");
-    m_->prefill(prompt.data(), T, chunk_, cache_, logits, false, &counted_, table);
-    used = table ? table_ : cache_.routing;
+    // A router routes layer by layer inside the prefill; a table is what the cache is built for. Either way the
+    // cache holds the sequence's routing afterwards.
+    const PromptRouter* r = init_sequence_cache(m_->config, capacity_, routing, router, cache_);
+    m_->prefill(prompt.data(), T, chunk_, cache_, logits, false, &counted_, r);
+    used = cache_.routing;
     prompt_counted_ = counted_;
   }
 
@@ -42,8 +42,7 @@ class CpuSequenceBackend : public SequenceBackend {
     if (cache_.n_layers == 0) throw std::logic_error("cpu_sequence_backend: decode before prefill");
     if (id < 0 || id >= m_->config.vocab)
       throw std::invalid_argument("cpu_sequence_backend: token id " + std::to_string(id) + " is outside the vocabulary");
-    // A router-routed cache carries its routing; a table-routed one is decoded under the prefill's table.
-    m_->forward(&id, 1, cache_, logits, false, &counted_, nullptr, false, cache_.routing.n_layers ? nullptr : &table_);
+    m_->forward(&id, 1, cache_, logits, false, &counted_);
   }
 
   void extend(const std::vector<int32_t>& ids, std::vector<float>& all_logits) override {
@@ -58,8 +57,7 @@ class CpuSequenceBackend : public SequenceBackend {
     for (const int32_t id : ids)
       if (id < 0 || id >= m_->config.vocab)
         throw std::invalid_argument("cpu_sequence_backend: token id " + std::to_string(id) + " is outside the vocabulary");
-    m_->prefill(ids.data(), static_cast<int>(ids.size()), chunk_, cache_, all_logits, true, &counted_,
-                cache_.routing.n_layers ? nullptr : &table_);
+    m_->prefill(ids.data(), static_cast<int>(ids.size()), chunk_, cache_, all_logits, true, &counted_);
   }
 
   std::string name() const override { return "cpu"; }
@@ -76,7 +74,6 @@ class CpuSequenceBackend : public SequenceBackend {
   std::shared_ptr<const Model> m_;
   int capacity_, chunk_;
   KVCache cache_;
-  RoutingTable table_;  // the table of a table-routed sequence
   AttentionStats counted_;         // the sequence's attention work: every prefill, decode and extend row
   AttentionStats prompt_counted_;  // its prompt's prefill
 };

@@ -28,7 +28,7 @@ int generation_capacity(int64_t prompt_len, int64_t n_new, int64_t context, int 
   return static_cast<int>(need);
 }
 
-std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt, int n_new, int context,
+std::vector<int32_t> generate(const Model& m, const RoutePolicy& policy, const std::vector<int32_t>& prompt, int n_new, int context,
                               const SamplerParams& sp, bool stop_at_eos, GenerateStats* stats,
                               const std::function<void(int32_t)>& on_token, int prefill_chunk) {
   if (prompt.empty()) throw std::runtime_error("generate: empty prompt");
@@ -36,7 +36,7 @@ std::vector<int32_t> generate(const Model& m, const std::vector<int32_t>& prompt
   // The engine's loop on the CPU backend; the model outlives the call, so the backend borrows it.
   const std::shared_ptr<const Model> borrowed(&m, [](const Model*) {});
   const auto be = cpu_sequence_backend(borrowed, capacity, prefill_chunk);
-  return generate(*be, m.config, prompt, n_new, m.router ? nullptr : &m.routing, m.router.get(), sp, stop_at_eos, stats,
+  return generate(*be, m.config, prompt, n_new, policy.fixed_table(), policy.prompt_router(), sp, stop_at_eos, stats,
                   on_token);
 }
 

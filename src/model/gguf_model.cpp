@@ -183,7 +183,6 @@ Model Model::load_gguf(const std::string& gguf_path) {
     L.w_up = take_matrix(f, b + "ffn_up.weight", D, F);
     L.w_down = take_matrix(f, b + "ffn_down.weight", F, D);
   }
-  m.routing = RoutingTable::all_full(c.n_layers, c.n_kv_heads);
   m.rope_inv_freq = compute_rope_inv_freq(c);
   if (f.find_tensor("rope_freqs.weight")) {
     const std::vector<float> div = take(f, "rope_freqs.weight", {hd / 2});

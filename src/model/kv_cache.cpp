@@ -44,7 +44,7 @@ void KVCache::init(const ModelConfig& cfg, int cap, const RoutingTable* hybrid) 
   for (int l = 0; l < n_layers; ++l)
     allocate_layer(l, hybrid ? hybrid->mode.data() + static_cast<size_t>(l) * n_kv_heads : full.data(),
                    hybrid ? hybrid->sparse : SparseSettings{});
-  if (hybrid) routing = *hybrid;
+  routing = hybrid ? *hybrid : RoutingTable::all_full(n_layers, n_kv_heads);
 }
 
 size_t KVCache::bytes_all_full() const {

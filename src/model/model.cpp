@@ -28,7 +28,6 @@ Model Model::load(const std::string& model_dir) {
   Model m;
   m.config = load_config((fs::path(model_dir) / "config.json").string());
   m.weights = load_weights(m.config, model_dir);
-  m.routing = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
   m.rope_inv_freq = compute_rope_inv_freq(m.config);
   return m;
 }
@@ -101,10 +100,10 @@ void check_capacity(const KVCache& cache, int T) {
 }  // namespace
 
 void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
-                    AttentionStats* stats, std::vector<std::vector<float>>* last_row_probs, bool prefill,
-                    const RoutingTable* routing_override) const {
+                    AttentionStats* stats, std::vector<std::vector<float>>* last_row_probs, bool prefill) const {
   const ModelConfig& c = config;
-  const RoutingTable& r = routing_override ? *routing_override : cache.routing.n_layers ? cache.routing : routing;
+  const RoutingTable& r = cache.routing;
+  if (r.n_layers == 0) throw std::invalid_argument("forward: the KV cache has no routing (KVCache::init sets one)");
   check_routing_shape(r, c);
   check_capacity(cache, T);
   check_ids(ids, T, c.vocab);
@@ -138,59 +137,55 @@ void check_xattn_chunk(const HeadMode* modes, size_t n, int T, int chunk, int bl
 }  // namespace
 
 void Model::prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::vector<float>& logits, bool all_logits,
-                    AttentionStats* stats, const RoutingTable* routing_override) const {
+                    AttentionStats* stats, const PromptRouter* router) const {
   if (chunk <= 0) throw std::invalid_argument("prefill: chunk size must be positive");
-  if (!router || routing_override || cache.length > 0) {
-    const RoutingTable& r = routing_override ? *routing_override : cache.routing.n_layers ? cache.routing : routing;
+  if (router && cache.length > 0) throw std::invalid_argument("prefill: a router routes a prompt into an empty cache only");
+  if (!router) {
+    const RoutingTable& r = cache.routing;
     check_xattn_chunk(r.mode.data(), r.mode.size(), T, chunk, r.sparse.block);
     std::vector<float> part;
     if (all_logits) logits.clear();
     for (int t0 = 0; t0 < T; t0 += chunk) {
       const int n = std::min(chunk, T - t0);
-      forward(ids + t0, n, cache, part, all_logits, stats, nullptr, true, routing_override);
+      forward(ids + t0, n, cache, part, all_logits, stats, nullptr, true);
       if (all_logits) logits.insert(logits.end(), part.begin(), part.end());
     }
     if (!all_logits) logits.swap(part);
     return;
   }
   // Routed prefill, layer-major, through the cursor (one chunk of one layer a step).
-  PrefillCursor cur(*this, ids, T, chunk, cache, nullptr, router.get(), stats);
+  PrefillCursor cur(*this, ids, T, chunk, cache, router, stats);
   while (!cur.done()) cur.step();
   cur.finish(logits, all_logits);
 }
 
-const RoutingTable* init_sequence_cache(const Model& m, int capacity, const RoutingTable* routing,
-                                        const PromptRouter* router, KVCache& cache, RoutingTable& table,
-                                        const char* who) {
+const PromptRouter* init_sequence_cache(const ModelConfig& c, int capacity, const RoutingTable* routing,
+                                        const PromptRouter* router, KVCache& cache) {
   if (!routing && router) {
-    if (router != m.router.get())
-      throw std::invalid_argument(std::string(who) + ": the router must be the model's own (Model::router)");
-    table = RoutingTable{};
-    cache.init_deferred(m.config, capacity);
-    return nullptr;
+    cache.init_deferred(c, capacity);
+    return router;
   }
-  table = routing ? *routing : RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
-  cache.init(m.config, capacity, &table);
-  return &table;
+  cache.init(c, capacity, routing);
+  return nullptr;
 }
 
 PrefillCursor::PrefillCursor(const Model& m, const int32_t* ids, int T, int chunk, KVCache& cache,
-                             const RoutingTable* routing, const PromptRouter* router, AttentionStats* stats)
-    : m_(m), ids_(ids), T_(T), chunk_(chunk), n_layers_(m.config.n_layers), cache_(cache), router_(routing ? nullptr : router),
-      stats_(stats) {
+                             const PromptRouter* router, AttentionStats* stats)
+    : m_(m), ids_(ids), T_(T), chunk_(chunk), n_layers_(m.config.n_layers), cache_(cache), router_(router), stats_(stats) {
   const ModelConfig& c = m.config;
   if (chunk <= 0) throw std::invalid_argument("prefill: chunk size must be positive");
   if (cache.length != 0) throw std::invalid_argument("prefill: a layer-major prefill needs an empty cache");
-  if (!routing && !router_) throw std::invalid_argument("prefill: no routing table and no router");
+  if (!router_ && cache.routing.n_layers == 0)
+    throw std::invalid_argument("prefill: no router and the KV cache has no routing (KVCache::init sets one)");
   check_capacity(cache, T);
   check_ids(ids, T, c.vocab);
   if (router_) {
     decided_ = RoutingTable::all_full(c.n_layers, c.n_kv_heads);
     decided_.sparse = router_->sparse();
   } else {
-    check_routing_shape(*routing, c);
-    check_xattn_chunk(routing->mode.data(), routing->mode.size(), T, chunk, routing->sparse.block);
-    decided_ = *routing;
+    check_routing_shape(cache.routing, c);
+    check_xattn_chunk(cache.routing.mode.data(), cache.routing.mode.size(), T, chunk, cache.routing.sparse.block);
+    decided_ = cache.routing;
   }
   x_.resize(static_cast<size_t>(T) * c.hidden);
   embed(m, ids, T, x_.data());

@@ -97,7 +97,6 @@ Model random_model(const ModelConfig& c, uint64_t seed) {
     L.w_up = WeightMatrix::from_f32(rnd(F * D), F, D);
     L.w_down = WeightMatrix::from_f32(rnd(D * F), D, F);
   }
-  m.routing = RoutingTable::all_full(c.n_layers, c.n_kv_heads);
   m.rope_inv_freq = compute_rope_inv_freq(c);
   return m;
 }

@@ -95,7 +95,7 @@ LayerSeparation layer_separation(const std::vector<std::vector<std::vector<float
 
 }  // namespace
 
-FeatureSeparation router_feature_separation(Model& m, const Router& router,
+FeatureSeparation router_feature_separation(const Model& m, const Router& router,
                                             const std::vector<std::vector<int32_t>>& prompts,
                                             const std::vector<std::string>& tasks, int chunk,
                                             const std::function<void(int done, int total)>& progress) {
@@ -105,18 +105,11 @@ FeatureSeparation router_feature_separation(Model& m, const Router& router,
   // [prompt][layer] features before and after the task MLP.
   std::vector<std::vector<std::vector<float>>> before(n), after(n);
   auto rec = std::make_shared<RecordingRouter>(router);
-  // The recorder routes through the caller's model; its own router is put back afterwards, also on errors.
-  struct Restore {
-    Model& m;
-    std::shared_ptr<const PromptRouter> saved;
-    ~Restore() { m.router = saved; }
-  } restore{m, m.router};
-  m.router = rec;
   for (size_t i = 0; i < n; ++i) {
     KVCache cache;
     cache.init_deferred(m.config, static_cast<int>(prompts[i].size()));
     std::vector<float> logits;
-    m.prefill(prompts[i].data(), static_cast<int>(prompts[i].size()), chunk, cache, logits, false);
+    m.prefill(prompts[i].data(), static_cast<int>(prompts[i].size()), chunk, cache, logits, false, nullptr, rec.get());
     before[i] = rec->pooled;
     after[i].resize(L);
     for (int l = 0; l < L; ++l) {

@@ -849,11 +849,11 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     } catch (const std::exception& e) {
       throw ApiError(500, std::string("router failed: ") + e.what(), "", "router_error", "server_error");
     }
-  } else if (model.router) {
-    job->use_router = true;  // decided layer by layer in prefill; reserve the all-full size until then
+  } else if (opts.policy.router) {
+    job->router = opts.policy.router.get();  // decided layer by layer in prefill; reserve the all-full size until then
     job->routing = RoutingTable::all_full(c.n_layers, c.n_kv_heads);
   } else {
-    job->routing = model.routing;
+    job->routing = opts.policy.table.n_layers ? opts.policy.table : RoutingTable::all_full(c.n_layers, c.n_kv_heads);
   }
   if (job->routing.n_layers != c.n_layers || job->routing.n_kv_heads != c.n_kv_heads ||
       job->routing.mode.size() != static_cast<size_t>(c.n_layers) * c.n_kv_heads)

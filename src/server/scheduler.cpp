@@ -356,8 +356,7 @@ void Scheduler::loop() {
       try {
         a.slot = free_slots_.back();
         free_slots_.pop_back();
-        be_->prefill_start(a.slot, j.prompt, j.capacity, j.use_router ? nullptr : &j.routing,
-                           j.use_router ? m_.router.get() : nullptr);
+        be_->prefill_start(a.slot, j.prompt, j.capacity, j.router ? nullptr : &j.routing, j.router);
         prefilling_.push_back(std::move(up));
       } catch (...) {
         fail(a, std::current_exception());

@@ -116,10 +116,10 @@ struct Job {
   SamplerParams sampler;
   std::vector<std::string> stop;
   bool stop_at_eos = true;
-  RoutingTable routing;          // per-request routing (prefill override); set by the engine when use_router
-  bool use_router = false;       // the model's PromptRouter decides at prefill (routing unknown until then)
+  RoutingTable routing;          // per-request routing (prefill override); set by the engine when a router decides
+  const PromptRouter* router = nullptr;  // decides at prefill (routing unknown until then); the server's policy owns it
   int capacity = 0;              // KV positions: prompt + max_tokens
-  size_t kv_bytes = 0;           // reserved against the budget: all-full bytes when use_router, until prefill
+  size_t kv_bytes = 0;           // reserved against the budget: all-full bytes when a router decides, until prefill
   std::chrono::steady_clock::time_point submitted{};
 
   std::atomic<bool> cancelled{false};  // set by the HTTP side when the client went away

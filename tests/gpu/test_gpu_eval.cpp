@@ -36,8 +36,8 @@ TEST(GpuEval, SequenceBackendMatchesCpuSamples) {
     spec.name = task;
     spec.vocab = m.config.vocab;
     const TaskSample s = make_sample(spec, nullptr, 600, seed);
-    const SampleResult cpu = run_sample(m, nullptr, s, &r);
-    const SampleResult gpu = run_sample(m, nullptr, s, &r, kDefaultPrefillChunk, be.get());
+    const SampleResult cpu = run_sample(m, nullptr, s, RoutePolicy::fixed(r));
+    const SampleResult gpu = run_sample(m, nullptr, s, RoutePolicy::fixed(r), kDefaultPrefillChunk, be.get());
     EXPECT_EQ(gpu.modes, cpu.modes) << task;
     EXPECT_DOUBLE_EQ(gpu.msr, cpu.msr) << task;
     // Both the prompt's prefill: counted blocks on the CPU, the same figures from the routing on the GPU.

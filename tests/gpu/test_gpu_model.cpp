@@ -92,7 +92,7 @@ std::vector<float> cpu_prefill(const Model& m, const std::vector<int32_t>& ids, 
                                KVCache& cache, int capacity) {
   cache.init(m.config, capacity, &r);
   std::vector<float> logits;
-  m.prefill(ids.data(), int(ids.size()), chunk, cache, logits, true, nullptr, &r);
+  m.prefill(ids.data(), int(ids.size()), chunk, cache, logits, true);
   return logits;
 }
 
@@ -186,10 +186,10 @@ TEST_P(GpuModelTest, GenerateFiguresMatchCpu) {
   std::mt19937_64 rng(seed);
   auto g = cuda::GpuModel::upload(m, options(1024, 256));
   const auto ids = random_ids(400, m.config.vocab, rng);
-  m.routing = mixed(m.config, false);
+  const RoutingTable r = mixed(m.config, false);
   GenerateStats cpu, gpu;
-  generate(m, ids, 12, 0, SamplerParams{}, false, &cpu);
-  generate(*cuda::gpu_sequence_backend(*g), m.config, ids, 12, &m.routing, nullptr, SamplerParams{}, false, &gpu);
+  generate(m, RoutePolicy::fixed(r), ids, 12, 0, SamplerParams{}, false, &cpu);
+  generate(*cuda::gpu_sequence_backend(*g), m.config, ids, 12, &r, nullptr, SamplerParams{}, false, &gpu);
   EXPECT_LT(cpu.attn.flops_ratio(), 1.0);
   EXPECT_GT(cpu.attn.esr(), 0.0);
   EXPECT_NEAR(gpu.attn.flops_ratio(), cpu.attn.flops_ratio(), 1e-12);
@@ -207,7 +207,7 @@ TEST_P(GpuModelTest, GenerateStopsAtTheContextLikeCpu) {
   const auto ids = random_ids(100, m.config.vocab, rng);
   auto g = cuda::GpuModel::upload(m, options(105, 64));  // -c 105: room for 5 fed tokens after the prompt
   GenerateStats cpu, gpu;
-  const auto a = generate(m, ids, 20, 105, SamplerParams{}, false, &cpu);
+  const auto a = generate(m, RoutePolicy::all_full(m.config), ids, 20, 105, SamplerParams{}, false, &cpu);
   std::vector<int32_t> b;
   ASSERT_NO_THROW(b = generate(*cuda::gpu_sequence_backend(*g), m.config, ids, 20, nullptr, nullptr, SamplerParams{},
                                false, &gpu));
@@ -235,12 +235,10 @@ TEST_P(GpuModelTest, RouterDecidesLikeCpu) {
     const auto ids = random_ids(300, m.config.vocab, rng);
     std::vector<float> got;
     g->prefill(ids.data(), int(ids.size()), nullptr, router.get(), &got, true);
-    Model mr = m;
-    mr.router = router;
     KVCache cache;
     cache.init_deferred(m.config, 512);
     std::vector<float> cpu_logits;
-    mr.prefill(ids.data(), int(ids.size()), 128, cache, cpu_logits, true);
+    m.prefill(ids.data(), int(ids.size()), 128, cache, cpu_logits, true, nullptr, router.get());
     for (size_t i = 0; i < cache.routing.mode.size(); ++i) agree += cache.routing.mode[i] == g->routing().mode[i];
     total += int(cache.routing.mode.size());
     // Under the GPU's own decision, the CPU model gives the same logits.

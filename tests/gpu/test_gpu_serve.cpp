@@ -31,13 +31,13 @@ TEST(GpuServe, RequestsRunOnTheGpuModel) {
   RoutingTable r = RoutingTable::all_full(m.config.n_layers, m.config.n_kv_heads);
   r.sparse.block = 64, r.sparse.sink = 64, r.sparse.local = 128;
   for (size_t i = 0; i < r.mode.size(); i += 2) r.mode[i] = HeadMode::Streaming;
-  m.routing = r;
   cuda::GpuOptions go;
   go.max_ctx = 512;
   auto g = cuda::GpuModel::upload(m, go);
   const std::string dir = (fs::temp_directory_path() / ("elastic_gpu_serve_" + std::to_string(seed))).string();
   fs::create_directories(dir);
   ServerOptions o;
+  o.policy = RoutePolicy::fixed(r);
   o.port = 0;
   o.max_slots = 1;
   o.max_context = 512;
