@@ -252,10 +252,10 @@ TEST_P(Fixture, HybridCacheDecodesLikeFullCache) {
   EXPECT_NEAR(st.attn.flops_ratio(), want.flops_ratio(), 1e-12);
   EXPECT_NEAR(st.attn.esr(), want.esr(), 1e-12);
   EXPECT_GT(st.attn.esr(), 0.0);
-  // The cache holds the routing it was built for, and the run's figures come from it.
+  // generate ran in a cache built for the policy's table (the hybrid one's size) and reports that routing.
   KVCache hc;
   hc.init(m.config, prompt.size() + n_new, &hyb);
-  EXPECT_EQ(hc.routing.mode, hyb.mode);
+  EXPECT_EQ(st.kv_bytes, hc.bytes());
   EXPECT_EQ(st.routing.mode, hyb.mode);
   // A hybrid cache whose routing is changed to make a windowed head full is refused (its ring is too small).
   KVCache hc3;
@@ -276,6 +276,21 @@ TEST(Model, ErrorsAreClear) {
   EXPECT_THROW(m.forward(bad.data(), 2, c, lg, false), std::runtime_error);
   std::vector<int32_t> many(5, 1);
   EXPECT_THROW(m.forward(many.data(), 5, c, lg, false), std::runtime_error);
+}
+
+// A routing table of another shape is refused when a cache is built for it (it used to be read out of bounds); an empty
+// policy (RoutePolicy{}) runs all full, as the CLI's default does.
+TEST(Model, CacheRoutingShapeAndEmptyPolicy) {
+  Model m = Model::load(std::string(ELASTIC_FIXTURE_DIR) + "/qwen3_tiny");
+  const RoutingTable wrong = RoutingTable::all_full(1, 1);
+  KVCache c;
+  EXPECT_THROW(c.init(m.config, 4, &wrong), std::invalid_argument);
+  const std::vector<int32_t> prompt{1, 2, 3, 4, 5};
+  GenerateStats a, b;
+  EXPECT_EQ(generate(m, RoutePolicy{}, prompt, 4, 0, SamplerParams{}, false, &a),
+            generate(m, RoutePolicy::all_full(m.config), prompt, 4, 0, SamplerParams{}, false, &b));
+  EXPECT_EQ(a.routing.mode, b.routing.mode);
+  EXPECT_EQ(a.routing.msr(), 0.0);
 }
 
 namespace {

@@ -533,7 +533,7 @@ TEST_F(ServerHttp, CompletionMatchesEngine) {
   const json& e = r["elastic"];
   for (const char* k : {"omega_msr", "omega_esr", "kv_cache_bytes", "attention_flops_ratio"})
     EXPECT_TRUE(e.contains(k)) << k;
-  EXPECT_EQ(e["omega_msr"], 0.0);  // the model's own routing: all full
+  EXPECT_EQ(e["omega_msr"], 0.0);  // the default policy: all full
   const int n = r["usage"]["prompt_tokens"];
   EXPECT_EQ(e["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(srv_->model().config, n + 10,
                                                                    RoutingTable::all_full(srv_->model().config.n_layers,
@@ -1200,7 +1200,7 @@ TEST(ServerLimits, RouterBudgetAndNoChatTemplate) {
   fs::remove_all(dir);
 }
 
-// The model's own PromptRouter (Model::router) routes each request at prefill when no route function is given.
+// ServerOptions::policy routes each request when no route function is given: its router at prefill, else its table.
 namespace {
 struct AllStreamingRouter : PromptRouter {
   SparseSettings s;
@@ -1221,7 +1221,7 @@ struct AllStreamingRouter : PromptRouter {
 };
 }  // namespace
 
-TEST(ServerLimits, ModelRouterDecidesAtPrefill) {
+TEST(ServerLimits, PolicyRouterDecidesAtPrefill) {
   const std::string dir = write_tiny_qwen3("server_router", false);
   Model m = Model::load(dir);
   const ModelConfig cfg = m.config;
@@ -1241,6 +1241,32 @@ TEST(ServerLimits, ModelRouterDecidesAtPrefill) {
   const RoutingTable ssa = AllStreamingRouter::table();
   EXPECT_EQ(r["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(cfg, 250, ssa));
   EXPECT_EQ(metric(c, "elastic_kv_cache_bytes"), 0);
+  srv.stop();
+  fs::remove_all(dir);
+}
+
+// A fixed table in the policy (serve --routing / --mode): every request runs under it, its KV reservation follows it.
+TEST(ServerLimits, PolicyTableRoutesEveryRequest) {
+  const std::string dir = write_tiny_qwen3("server_policy_table", false);
+  Model m = Model::load(dir);
+  const ModelConfig cfg = m.config;
+  const RoutingTable ssa = AllStreamingRouter::table();
+  ServerOptions o;
+  o.policy = RoutePolicy::fixed(ssa);
+  o.port = 0;
+  o.max_context = 512;
+  o.threads = 1;
+  Server srv(std::move(m), dir, o);
+  srv.start();
+  httplib::Client c = client_of(srv.port());
+  int st = 0;
+  std::vector<int32_t> prompt(150, 42);
+  json r = post_json(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 100}, {"temperature", 0}}, &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["elastic"]["omega_msr"], 1.0);
+  EXPECT_EQ(r["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(cfg, 250, ssa));
+  EXPECT_LT(kv_cache_bytes_for(cfg, 250, ssa),
+            kv_cache_bytes_for(cfg, 250, RoutingTable::all_full(cfg.n_layers, cfg.n_kv_heads)));
   srv.stop();
   fs::remove_all(dir);
 }

@@ -612,7 +612,7 @@ TEST(RouterExport, LearnedStaticRouterHasOneRouting) {
 }
 
 // The representation analysis: the recorder sees exactly the router's input; two copies of a prompt have cosine 1
-// before and after the task MLP, so a set where each task's prompts are copies separates perfectly (within = 1); the
+// before and after the task MLP, so a set where each task's prompts are copies separates perfectly (within = 1);
 // too few prompts are refused.
 TEST(RouterFeatures, SeparationOfCopiesAndDistinctTasks) {
   Model m = Model::load(fixture());

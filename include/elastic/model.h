@@ -86,6 +86,7 @@ struct Model {
   // Runs T tokens at positions [cache.length, cache.length + T) under the cache's routing and appends them to it.
   // logits: [T, V] when all_logits, else [1, V] for the last position.
   // stats (optional) accumulates attention work and the last layer's block skips (Omega_ESR).
+  // last_row_probs (optional): per layer, [Hq, cache.length] attention weights of the last position (probing).
   void forward(const int32_t* ids, int T, KVCache& cache, std::vector<float>& logits, bool all_logits,
                AttentionStats* stats = nullptr, std::vector<std::vector<float>>* last_row_probs = nullptr,
                bool prefill = false) const;
@@ -98,7 +99,6 @@ struct Model {
   // equals the unrouted prefill under that routing.
   void prefill(const int32_t* ids, int T, int chunk, KVCache& cache, std::vector<float>& logits, bool all_logits,
                AttentionStats* stats = nullptr, const PromptRouter* router = nullptr) const;
-  // last_row_probs (optional): per layer, [Hq, cache.length] attention weights of the last position (probing).
 };
 
 // Readies an empty `cache` for a prompt's prefill into `capacity` positions, the one rule both CPU backends follow:

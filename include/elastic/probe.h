@@ -41,7 +41,7 @@ struct HeadScores {
 // position's query heads over every position, under all-full routing (dense attention is what is measured).
 using LastRowAttention = std::function<std::vector<std::vector<float>>(const std::vector<int32_t>& ids)>;
 
-// The CPU model's: Model::forward over the prompt. The model must be routed all-full; otherwise this throws.
+// The CPU model's: Model::forward over the prompt, each prompt's cache built all full (dense attention is measured).
 LastRowAttention cpu_last_row_attention(const Model& m);
 
 // Throws std::runtime_error on bad options. tok == nullptr: haystack, needle (8 ids) and question (8 ids) are random

@@ -20,8 +20,9 @@ struct RoutePolicy {
   static RoutePolicy fixed(RoutingTable t);
   static RoutePolicy routed(std::shared_ptr<const PromptRouter> r);
 
-  // The table a prefill runs under, or nullptr when the router decides (the form the backends take).
-  const RoutingTable* fixed_table() const { return router ? nullptr : &table; }
+  // The table a prefill runs under, or nullptr when the router decides or the table is empty (every backend then
+  // runs all full): the form the backends take.
+  const RoutingTable* fixed_table() const { return router || table.n_layers == 0 ? nullptr : &table; }
   const PromptRouter* prompt_router() const { return router.get(); }
   // "router" or "fixed routing, Omega_MSR 0.700" (logs and the server's banner).
   std::string describe() const;

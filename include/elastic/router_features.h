@@ -29,7 +29,7 @@ struct FeatureSeparation {
 };
 
 // One entry per prompt: its ids and its task name. The model is prefilled once per prompt with `router` deciding
-// (chunk tokens at a time; m's own router is put back afterwards); at least two prompts of one task and two tasks are needed, else this throws.
+// (chunk tokens at a time; the model is not changed); at least two prompts of one task and two tasks are needed, else this throws.
 FeatureSeparation router_feature_separation(const Model& m, const Router& router,
                                             const std::vector<std::vector<int32_t>>& prompts,
                                             const std::vector<std::string>& tasks, int chunk,

@@ -1,4 +1,4 @@
-// The CPU model behind the SequenceBackend interface: the same prefill (routed by a table or by the model's router,
+// The CPU model behind the SequenceBackend interface: the same prefill (routed by a table or by a router,
 // into a hybrid cache) and decode steps as Model::prefill / Model::forward, one sequence at a time.
 #include <algorithm>
 #include <stdexcept>

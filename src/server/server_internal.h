@@ -116,7 +116,7 @@ struct Job {
   SamplerParams sampler;
   std::vector<std::string> stop;
   bool stop_at_eos = true;
-  RoutingTable routing;          // per-request routing (prefill override); set by the engine when a router decides
+  RoutingTable routing;          // the table the cache is built for; set by the engine when a router decides
   const PromptRouter* router = nullptr;  // decides at prefill (routing unknown until then); the server's policy owns it
   int capacity = 0;              // KV positions: prompt + max_tokens
   size_t kv_bytes = 0;           // reserved against the budget: all-full bytes when a router decides, until prefill
