@@ -20,7 +20,7 @@
 # run's results.jsonl.gz and its probe and matched Omega from its train_logs.tgz, so only what is missing runs (the
 # routers are retrained, same command and seeds, for the phases that still need them).
 # Env: STEPS, BATCH, MAXLEN, LR, MLR, SEEDS ("1 2 3"), LENGTHS, LONG, SAMPLES, TASKS, TASKS_LONG (the tasks at LONG,
-# default TASKS), LONG_ROUTERS (the routers phase 6 runs, adaptive ones first: "adaptive|static" names of .ctl routers,
+# default every task), LONG_ROUTERS (the routers phase 6 runs, adaptive ones first: "adaptive|static" names of .ctl routers,
 # default the main ones), MAIN (0: train no main routers, for a run restored from one that has their results),
 # RANDOM_DRAWS, PROBE_PROMPTS, SWEEP_START (seconds a call must have left to start the sweep trainings,
 # which cannot resume: default 470), RESTORE, BUDGET
@@ -49,8 +49,9 @@ SEEDS=${SEEDS:-1 2 3}
 LENGTHS=${LENGTHS:-1024}
 LONG=${LONG-4096}  # a second eval length for phase 6 (LONG= : none)
 SAMPLES=${SAMPLES:-50}
-TASKS=${TASKS:-niah_single_2,niah_multikey_1,qa_1,sum_recap,code_continue,continue_text,niah_single_3,niah_multivalue,qa_2,recap_last}
-TASKS_LONG=${TASKS_LONG:-$TASKS}
+ALL_TASKS=niah_single_2,niah_multikey_1,qa_1,sum_recap,code_continue,continue_text,niah_single_3,niah_multivalue,qa_2,recap_last
+TASKS=${TASKS:-$ALL_TASKS}
+TASKS_LONG=${TASKS_LONG:-$ALL_TASKS}  # every task at LONG, also when TASKS keeps a restored run's list
 SWEEP_START=${SWEEP_START:-470}
 RESTORE=${RESTORE:-}
 MAIN=${MAIN:-1}

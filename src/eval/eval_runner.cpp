@@ -242,7 +242,6 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
   const ModelConfig& c = m.config;
   const RoutingTable* r = policy.fixed_table();
   const PromptRouter* router = policy.prompt_router();
-  if (r && r->n_layers == 0) throw std::runtime_error("eval: no routing table and no router");
   if (r && (r->n_layers != c.n_layers || r->n_kv_heads != c.n_kv_heads ||
             r->mode.size() != static_cast<size_t>(c.n_layers) * c.n_kv_heads))
     throw std::runtime_error("routing table is " + std::to_string(r->n_layers) + " x " + std::to_string(r->n_kv_heads) +
