@@ -113,7 +113,9 @@ TEST(TileWalk, FullVisitsEveryCausalTile) {
 TEST(TileWalk, StreamingVisitsSinkAndWindow) {
   std::mt19937 rng(2);
   struct S { int sink, local, block; };
-  for (const S s : {S{1, 2, 64}, S{2, 32, 64}, S{0, 3, 64}, S{1, 2, 128}, S{1, 16, 128}, S{3, 1, 64}})
+  // The last two: a sink or a window past every position (streaming_blocks clamps to INT32_MAX): every causal tile.
+  for (const S s : {S{1, 2, 64}, S{2, 32, 64}, S{0, 3, 64}, S{1, 2, 128}, S{1, 16, 128}, S{3, 1, 64},
+                    S{INT32_MAX, 1, 128}, S{0, INT32_MAX, 64}})
     for (const int pos0 : {0, 128, 300}) check_layer(1, s.sink, s.local, s.block, 4, pos0, 2500, false, rng);
 }
 

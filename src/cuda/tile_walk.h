@@ -6,6 +6,8 @@
 #include <climits>
 #include <cstdint>
 
+#include "elastic/streaming_rule.h"
+
 #if defined(__CUDACC__)
 #define ELASTIC_HD __host__ __device__ __forceinline__
 #else
@@ -35,8 +37,11 @@ ELASTIC_HD TileList tile_list(int mode, int sink_blocks, int local_blocks, const
   const int R = block / kTile, qb = qt / R;
   TileList tl{0, qt + 1, 0, 0, R, nullptr};
   if (mode == 1) {
-    const int sink_tiles = sink_blocks * R, n1 = sink_tiles < qt + 1 ? sink_tiles : qt + 1;
-    const int w0 = qb - local_blocks + 1, s2 = (sink_blocks > w0 ? sink_blocks : w0) * R;
+    // The rule's two block ranges (streaming_rule.h) in tiles, cut at this query tile: the sink's tiles up to qt, then
+    // the window's from its first block to qt.
+    const StreamingRange br = streaming_range(qb, StreamingBlocks{sink_blocks, local_blocks});
+    const int sink_tiles = br.sink_end * R, n1 = sink_tiles < qt + 1 ? sink_tiles : qt + 1;
+    const int s2 = br.window_start * R;
     tl = TileList{1, n1 + (qt + 1 - s2 > 0 ? qt + 1 - s2 : 0), n1, s2, R, nullptr};
   } else if (mode == 2 && blocks != nullptr) {
     const int nb = (n_keys + block - 1) / block;
