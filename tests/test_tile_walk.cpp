@@ -38,8 +38,8 @@ Lists random_lists(int Hq, int nb, std::mt19937& rng) {
 bool kept(int mode, int sink_blocks, int local_blocks, const Lists* xl, int h, int qt, int t, int block, int nb) {
   const int R = block / walk::kTile, qb = qt / R, kb = t / R;
   if (t > qt) return false;  // past every query row of the tile
-  if (mode == 1) return kb < sink_blocks || qb - kb < local_blocks;
-  if (mode == 2 && xl) {
+  if (mode == elastic::kv_mode::kStreaming) return kb < sink_blocks || qb - kb < local_blocks;
+  if (mode == elastic::kv_mode::kXAttn && xl) {
     const int32_t* b = xl->blocks.data() + xl->offsets[size_t(h) * nb + qb];
     return std::binary_search(b, b + xl->counts[size_t(h) * nb + qb], kb);
   }
@@ -86,7 +86,7 @@ void check_layer(int mode, int sink_blocks, int local_blocks, int block, int Hq,
                  std::mt19937& rng) {
   const int n_keys = pos0 + T, nb = (n_keys + block - 1) / block;
   const Lists lists = random_lists(Hq, nb, rng);
-  const Lists* xl = mode == 2 && with_lists ? &lists : nullptr;
+  const Lists* xl = mode == elastic::kv_mode::kXAttn && with_lists ? &lists : nullptr;
   for (const bool adjacent : {false, true})
     for (int qt = pos0 / walk::kTile; qt <= (n_keys - 1) / walk::kTile; ++qt)
       for (int h0 = 0; h0 < Hq; h0 += 2) {

@@ -26,8 +26,14 @@
 #include "contiguous_decode.h"  // dev/cuda: the contiguous-cache decode
 #include "elastic/cuda_paged_decode.h"
 #include "elastic/kv_pages.h"
+#include "elastic/streaming_rule.h"
 
 using namespace elastic::cuda;
+using elastic::HeadMode;
+using elastic::StreamingBlocks;
+using elastic::StreamingRange;
+using elastic::streaming_range;
+namespace kv_mode = elastic::kv_mode;
 
 namespace {
 
@@ -82,11 +88,11 @@ double pairs_head(const KVHeadMeta& m, int T, int B, const std::vector<int32_t>*
   for (int qt = 0; qt < n_qt; ++qt) {
     const int qb = qt / R;
     int tiles = qt + 1;
-    if (m.mode == 1) {
-      const int n1 = std::min(m.sink_blocks * R, qt + 1);
-      const int s2 = std::max(m.sink_blocks, qb - m.local_blocks + 1) * R;
+    if (m.mode == kv_mode::kStreaming) {  // the rule's ranges (streaming_rule.h) in tiles, as tile_walk.h counts them
+      const StreamingRange br = streaming_range(qb, StreamingBlocks{m.sink_blocks, m.local_blocks});
+      const int n1 = std::min(br.sink_end * R, qt + 1), s2 = br.window_start * R;
       tiles = n1 + std::max(0, qt + 1 - s2);
-    } else if (m.mode == 2 && cnt) {
+    } else if (m.mode == kv_mode::kXAttn && cnt) {
       const int c = (*cnt)[size_t(h) * nb + qb];
       tiles = c * R;
       if (c > 0) tiles -= std::max(0, (*blocks)[(*off)[size_t(h) * nb + qb] + c - 1] * R + R - 1 - qt);
@@ -114,13 +120,13 @@ void decode_table(const std::vector<int>& lengths, Timer& timer) {
     fill_random_bf16<<<64, 256>>>(q, size_t(Hq) * hd, 6u, 1.f);
     float* ws;
     ELASTIC_CUDA_CHECK(cudaMalloc(&ws, decode_workspace_floats(Hq, hd, T) * 4));
-    for (const int mode : {0, 1}) {
+    for (const HeadMode mode : {HeadMode::Full, HeadMode::Streaming}) {
       const KVHeadMeta m = make_kv_head_meta(mode, sink, local, B);
       std::vector<DecodeKVHead> hh(Hkv);
       for (int h = 0; h < Hkv; ++h) {
         hh[h].k = kc + per_head * h, hh[h].v = vc + per_head * h;
         hh[h].mode = m.mode, hh[h].sink_blocks = m.sink_blocks, hh[h].local_blocks = m.local_blocks;
-        if (mode == 1 && (m.sink_blocks + m.local_blocks) * B < T)
+        if (mode == HeadMode::Streaming && (m.sink_blocks + m.local_blocks) * B < T)
           hh[h].sink_slots = m.sink_blocks * B, hh[h].ring_slots = m.local_blocks * B;
       }
       // Positions the last token attends to, by the CPU reference's rule (streaming_keeps per key block).
@@ -129,7 +135,7 @@ void decode_table(const std::vector<int>& lengths, Timer& timer) {
       const int qb = (T - 1) / B;
       int kept = 0;
       for (int kb = 0; kb <= qb; ++kb)
-        if (mode == 0 || elastic::streaming_keeps(qb, kb, sp)) kept += std::min(B, T - kb * B);
+        if (mode == HeadMode::Full || elastic::streaming_keeps(qb, kb, sp)) kept += std::min(B, T - kb * B);
       validate_decode_heads(hh.data(), Hkv, B);
       DecodeKVHead* dh;
       ELASTIC_CUDA_CHECK(cudaMalloc(&dh, Hkv * sizeof(DecodeKVHead)));
@@ -162,7 +168,7 @@ void decode_table(const std::vector<int>& lengths, Timer& timer) {
         const char* loads = f.loads == DecodeLoads::Auto ? "auto" : f.loads == DecodeLoads::Direct ? "direct" : "staged";
         const char* merge = f.combine == DecodeCombine::Auto ? "auto" : f.combine == DecodeCombine::Serial ? "serial" : "parallel";
         std::printf("| %d | %s, %s loads, %s merge, split %s%d, grid over %s | %d | %.1f | %.0f |\n", T,
-                    mode ? "all streaming" : "all full", loads, merge, f.split ? "" : "auto: ", decode_split(p),
+                    mode == HeadMode::Streaming ? "all streaming" : "all full", loads, merge, f.split ? "" : "auto: ", decode_split(p),
                     f.bounded ? "kept positions" : "all T", kept, ms * 1e3, bytes / (ms * 1e-3) * 1e-9);
         std::fflush(stdout);
       }
@@ -365,8 +371,9 @@ int main(int argc, char** argv) {
       ELASTIC_CUDA_CHECK(cudaMemcpy(d, m.data(), m.size() * sizeof(KVHeadMeta), cudaMemcpyHostToDevice));
       return d;
     };
-    const KVHeadMeta mf = make_kv_head_meta(0, sink, local, B), ms = make_kv_head_meta(1, sink, local, B),
-                     mx = make_kv_head_meta(2, sink, local, B);
+    const KVHeadMeta mf = make_kv_head_meta(HeadMode::Full, sink, local, B),
+                     ms = make_kv_head_meta(HeadMode::Streaming, sink, local, B),
+                     mx = make_kv_head_meta(HeadMode::XAttn, sink, local, B);
     auto base = [&](const KVHeadMeta* meta) {
       HybridAttnParams p;
       p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;

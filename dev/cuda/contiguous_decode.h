@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "elastic/kv_head_mode.h"
+
 namespace elastic::cuda {
 
 // Decode: one new query token at position n_pos - 1 whose key/value are already stored in the caches. Each KV head
@@ -18,7 +20,7 @@ struct DecodeKVHead {
   const uint16_t* k = nullptr;  // [slots, hd] bf16, 16-byte aligned (staged loads copy 16-byte pieces)
   const uint16_t* v = nullptr;  // [slots, hd] bf16, 16-byte aligned
   int32_t sink_slots = 0, ring_slots = 0;
-  int32_t mode = 0, sink_blocks = 0, local_blocks = 1, pad = 0;
+  int32_t mode = kv_mode::kFull, sink_blocks = 0, local_blocks = 1, pad = 0;  // mode: kv_head_mode.h
 };
 // How the per-split partials are merged. Serial: one thread per output dimension walks every split in turn (two
 // dependent passes). Parallel: the split maxima are reduced by the whole CTA, then the splits are shared among

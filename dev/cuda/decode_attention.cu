@@ -40,7 +40,7 @@ struct Kept {  // positions [0, n1) then [s2, n_pos)
 };
 
 __device__ __forceinline__ Kept kept_positions(const DecodeKVHead& hk, int n_pos, int B) {
-  if (hk.mode != 1) return Kept{n_pos, n_pos, n_pos};
+  if (hk.mode != kv_mode::kStreaming) return Kept{n_pos, n_pos, n_pos};
   const int qb = (n_pos - 1) / B;
   const int n1 = min(hk.sink_blocks * B, n_pos);
   const int s2 = max(hk.sink_blocks, qb - hk.local_blocks + 1) * B;
@@ -377,12 +377,12 @@ void validate_decode_heads(const DecodeKVHead* hh, int n_kv_heads, int block) {
     const std::string who = "KV head " + std::to_string(h);
     if (x.mode < 0 || x.mode > 2) bad(who + ": mode must be 0, 1 or 2");
     if (!x.k || !x.v) bad(who + ": null cache pointer");
-    if (x.mode == 1 && x.ring_slots > 0 &&
+    if (x.mode == kv_mode::kStreaming && x.ring_slots > 0 &&
         (x.sink_slots < x.sink_blocks * block || x.ring_slots < x.local_blocks * block))
       bad(who + ": streaming cache too small (sink_slots " + std::to_string(x.sink_slots) + " < " +
           std::to_string(x.sink_blocks * block) + " or ring_slots " + std::to_string(x.ring_slots) + " < " +
           std::to_string(x.local_blocks * block) + ")");
-    if (x.mode != 1 && x.ring_slots != 0) bad(who + ": a ring cache only fits a streaming head");
+    if (x.mode != kv_mode::kStreaming && x.ring_slots != 0) bad(who + ": a ring cache only fits a streaming head");
   }
 }
 
@@ -395,7 +395,7 @@ int decode_max_kept(const DecodeKVHead* hh, int n_kv_heads, int block, int n_pos
   for (int h = 0; h < n_kv_heads; ++h) {
     // A streaming head keeps at most its sink blocks and `local_blocks` blocks ending at the query's block.
     const int64_t keep =
-        hh[h].mode == 1 ? (int64_t(hh[h].sink_blocks) + hh[h].local_blocks) * block : int64_t(n_pos);
+        hh[h].mode == kv_mode::kStreaming ? (int64_t(hh[h].sink_blocks) + hh[h].local_blocks) * block : int64_t(n_pos);
     most = std::max(most, static_cast<int>(std::min<int64_t>(keep, n_pos)));
   }
   return most;

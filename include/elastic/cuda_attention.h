@@ -11,11 +11,14 @@
 #include <cstdint>
 #include <string>
 
+#include "elastic/attention.h"
+#include "elastic/kv_head_mode.h"
+
 namespace elastic::cuda {
 
 // Device-side routing of one KV head of a layer (array of Hkv, in device memory).
 struct KVHeadMeta {
-  int32_t mode = 0;          // 0 Full, 1 Streaming, 2 XAttn (same values as elastic::HeadMode)
+  int32_t mode = kv_mode::kFull;  // kv_mode::kFull / kStreaming / kXAttn (the values of elastic::HeadMode)
   int32_t sink_blocks = 0;   // streaming: ceil(sink / block)
   int32_t local_blocks = 1;  // streaming: max(1, ceil(local / block)), diagonal block included
   int32_t pad = 0;
@@ -91,7 +94,8 @@ void apply_attention_config(const AttnKernelConfig& c, HybridAttnParams& p);
 std::string describe_attention(const AttnKernelConfig& c, int n_heads, int n_kv_heads);
 
 // Host helper: device metadata values for one KV head (sink / local in tokens, rounded up to blocks).
-KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block);
+// Throws for a mode the kernels do not implement.
+KVHeadMeta make_kv_head_meta(HeadMode mode, int sink, int local, int block);
 
 // XAttention estimation on the GPU (antidiagonal scoring, same pipeline as elastic::xattn_select), for the query
 // blocks of this chunk. Requires pos0 % block == 0. Writes triangular lists: offsets[h*nb+qb] = h*nb*(nb+1)/2 +

@@ -115,8 +115,8 @@ __global__ void attn_bwd_preprocess(const __nv_bfloat16* __restrict__ out, const
 // Whether query block qb of query head h computes key block kb (qb >= kb).
 __device__ __forceinline__ bool block_keeps(const KVHeadMeta& m, const XAttnBlockLists& xl, int h, int nb, int qb,
                                             int kb) {
-  if (m.mode == 1) return streaming_block_kept(qb, kb, StreamingBlocks{m.sink_blocks, m.local_blocks});
-  if (m.mode == 2 && xl.blocks != nullptr) {
+  if (m.mode == kv_mode::kStreaming) return streaming_block_kept(qb, kb, StreamingBlocks{m.sink_blocks, m.local_blocks});
+  if (m.mode == kv_mode::kXAttn && xl.blocks != nullptr) {
     const int n = xl.counts[h * nb + qb];
     const int32_t* l = xl.blocks + xl.offsets[h * nb + qb];
     int lo = 0, hi = n;  // first index with l[i] >= kb (lists are ascending)

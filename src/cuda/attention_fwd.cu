@@ -570,7 +570,7 @@ __global__ void __launch_bounds__(384, 1)
       float corr[2];
       bool q_released = false;
 
-      if (m.mode == 2 && xattn.blocks != nullptr) {
+      if (m.mode == kv_mode::kXAttn && xattn.blocks != nullptr) {
         // XAttn: the two heads' lists differ; walk their union, compute own tiles only (no overlap of steps).
         int tile, m4;
         for (int ii = 0; it.next(tile, m4); ++ii, ++n_steps) {
@@ -822,12 +822,15 @@ bool pairs_group(int n_heads, int n_kv_heads) {
 
 }  // namespace
 
-KVHeadMeta make_kv_head_meta(int mode, int sink, int local, int block) {
-  if (mode < 0 || mode > 2) throw std::invalid_argument("make_kv_head_meta: mode must be 0, 1 or 2");
+KVHeadMeta make_kv_head_meta(HeadMode mode, int sink, int local, int block) {
+  const int32_t id = static_cast<int32_t>(mode);
+  if (id != kv_mode::kFull && id != kv_mode::kStreaming && id != kv_mode::kXAttn)
+    throw std::invalid_argument(std::string("make_kv_head_meta: the kernels implement full, ssa and xattn heads, not ") +
+                                head_mode_name(mode));
   if (block != 64 && block != 128) throw std::invalid_argument("make_kv_head_meta: block must be 64 or 128");
   if (sink < 0 || local < 0) throw std::invalid_argument("make_kv_head_meta: sink and local must be >= 0");
   KVHeadMeta m;
-  m.mode = mode;
+  m.mode = id;
   const StreamingBlocks b = streaming_blocks(sink, local, block);
   m.sink_blocks = b.sink_blocks;
   m.local_blocks = b.local_blocks;

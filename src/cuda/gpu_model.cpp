@@ -23,7 +23,7 @@ KVHeadMeta meta_for(HeadMode m, const SparseSettings& s) {
   if (!sparse_pattern(m).on_cuda)
     throw std::invalid_argument(std::string("the CUDA backend does not implement the '") + sparse_pattern(m).name +
                                 "' pattern (it runs on the CPU reference: --device cpu)");
-  return make_kv_head_meta(static_cast<int>(m), s.sink, s.local, s.block);
+  return make_kv_head_meta(m, s.sink, s.local, s.block);
 }
 
 struct EventPair {

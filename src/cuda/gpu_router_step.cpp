@@ -298,8 +298,8 @@ class GpuRouterTrainer {
         spec_.sparse_mode == sparse_mode_ && spec_.dense_mode == dense_mode_)
       return;
     // meta_full_ holds the dense class's mode: full attention, or XAttention for XA-SSA.
-    std::vector<KVHeadMeta> full(c.n_kv_heads, make_kv_head_meta(int(spec_.dense_mode), s.sink, s.local, s.block));
-    std::vector<KVHeadMeta> sp(c.n_kv_heads, make_kv_head_meta(int(spec_.sparse_mode), s.sink, s.local, s.block));
+    std::vector<KVHeadMeta> full(c.n_kv_heads, make_kv_head_meta(spec_.dense_mode, s.sink, s.local, s.block));
+    std::vector<KVHeadMeta> sp(c.n_kv_heads, make_kv_head_meta(spec_.sparse_mode, s.sink, s.local, s.block));
     ELASTIC_CUDA_CHECK(cudaMemcpy(meta_full_.ptr, full.data(), meta_full_.bytes, cudaMemcpyHostToDevice));
     ELASTIC_CUDA_CHECK(cudaMemcpy(meta_sparse_.ptr, sp.data(), meta_sparse_.bytes, cudaMemcpyHostToDevice));
     if (has_xattn() && xa_block_ != s.block) {
@@ -413,7 +413,7 @@ class GpuRouterTrainer {
     std::vector<KVHeadMeta> routed(Hkv);
     const SparseSettings& s = spec_.sparse;
     for (int h = 0; h < Hkv; ++h)
-      routed[h] = make_kv_head_meta(int(z[h] == 1.f ? spec_.dense_mode : spec_.sparse_mode), s.sink, s.local, s.block);
+      routed[h] = make_kv_head_meta(z[h] == 1.f ? spec_.dense_mode : spec_.sparse_mode, s.sink, s.local, s.block);
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(z_dev_.ptr, z, f32s(Hkv), cudaMemcpyHostToDevice, st));
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(meta_routed_.ptr, routed.data(), meta_routed_.bytes, cudaMemcpyHostToDevice, st));
     if (has_xattn()) {

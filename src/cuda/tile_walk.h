@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "elastic/kv_head_mode.h"
 #include "elastic/streaming_rule.h"
 
 #if defined(__CUDACC__)
@@ -24,8 +25,8 @@ struct TileList {
   int mode, n, n1, s2, R;
   const int32_t* xl;
   ELASTIC_HD int at(int i) const {
-    if (mode == 2) return xl[i / R] * R + i % R;
-    if (mode == 1) return i < n1 ? i : s2 + (i - n1);
+    if (mode == kv_mode::kXAttn) return xl[i / R] * R + i % R;
+    if (mode == kv_mode::kStreaming) return i < n1 ? i : s2 + (i - n1);
     return i;
   }
 };
@@ -36,14 +37,14 @@ ELASTIC_HD TileList tile_list(int mode, int sink_blocks, int local_blocks, const
                               const int32_t* offsets, const int32_t* counts, int h, int qt, int n_keys, int block) {
   const int R = block / kTile, qb = qt / R;
   TileList tl{0, qt + 1, 0, 0, R, nullptr};
-  if (mode == 1) {
+  if (mode == kv_mode::kStreaming) {
     // The rule's two block ranges (streaming_rule.h) in tiles, cut at this query tile: the sink's tiles up to qt, then
     // the window's from its first block to qt.
     const StreamingRange br = streaming_range(qb, StreamingBlocks{sink_blocks, local_blocks});
     const int sink_tiles = br.sink_end * R, n1 = sink_tiles < qt + 1 ? sink_tiles : qt + 1;
     const int s2 = br.window_start * R;
     tl = TileList{1, n1 + (qt + 1 - s2 > 0 ? qt + 1 - s2 : 0), n1, s2, R, nullptr};
-  } else if (mode == 2 && blocks != nullptr) {
+  } else if (mode == kv_mode::kXAttn && blocks != nullptr) {
     const int nb = (n_keys + block - 1) / block;
     const int cnt = counts[h * nb + qb];
     const int32_t* xl = blocks + offsets[h * nb + qb];
@@ -83,7 +84,7 @@ struct PairIter {
   bool pending = false;
   int ptile = 0, pmask = 0;
   ELASTIC_HD bool next(int& first, int& m4) {
-    if (un.a.mode != 2) return next_shared(first, m4);
+    if (un.a.mode != kv_mode::kXAttn) return next_shared(first, m4);
     int t, m;
     if (pending) {
       t = ptile, m = pmask, pending = false;

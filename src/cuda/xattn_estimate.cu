@@ -136,9 +136,9 @@ __global__ void __launch_bounds__(kThreads)
   const size_t row_off = static_cast<size_t>(h) * nb + qb;
   if (tid == 0) {
     offsets[row_off] = static_cast<int32_t>(static_cast<int64_t>(h) * nb * (nb + 1) / 2 + int64_t(qb) * (qb + 1) / 2);
-    if (meta[kvh].mode != 2) counts[row_off] = 0;
+    if (meta[kvh].mode != kv_mode::kXAttn) counts[row_off] = 0;
   }
-  if (meta[kvh].mode != 2) return;
+  if (meta[kvh].mode != kv_mode::kXAttn) return;
 
   const int D = S * HD;
   const int i0 = qb * rb, n_rows = min(rb, R - i0);  // reshaped query rows of this block
@@ -262,9 +262,9 @@ __global__ void __launch_bounds__(kThreads)
     const int h = kvh * G + tid;
     const size_t row_off = static_cast<size_t>(h) * nb + qb;
     offsets[row_off] = static_cast<int32_t>(static_cast<int64_t>(h) * nb * (nb + 1) / 2 + int64_t(qb) * (qb + 1) / 2);
-    if (meta[kvh].mode != 2) counts[row_off] = 0;
+    if (meta[kvh].mode != kv_mode::kXAttn) counts[row_off] = 0;
   }
-  if (meta[kvh].mode != 2) return;
+  if (meta[kvh].mode != kv_mode::kXAttn) return;
 
   constexpr int kWarps = kThreads / 32;
   const int D = S * HD, LDA = D + 8;  // +8 bf16 per row: the 32-bit fragment loads of 8 rows hit different banks

@@ -105,7 +105,7 @@ void run_bwd_case(const Case& c) {
   }
 
   std::vector<cuda::KVHeadMeta> meta(c.Hkv);
-  for (int h = 0; h < c.Hkv; ++h) meta[h] = cuda::make_kv_head_meta(static_cast<int>(c.modes[h]), c.sink, c.local, B);
+  for (int h = 0; h < c.Hkv; ++h) meta[h] = cuda::make_kv_head_meta(c.modes[h], c.sink, c.local, B);
   const auto dq_base = random_f32(nq, rng), dk_base = random_f32(nkv, rng), dv_base = random_f32(nkv, rng);
   Dev<uint16_t> d_q(q), d_k(k), d_v(v), d_out(out_b), d_dout(dout);
   Dev<float> d_lse(lse), d_dq(dq_base), d_dk(dk_base), d_dv(dv_base);

@@ -143,7 +143,7 @@ void run_prefill_case_with(const Case& c, std::initializer_list<cuda::AttnKernel
 
   // GPU.
   std::vector<cuda::KVHeadMeta> meta(c.Hkv);
-  for (int h = 0; h < c.Hkv; ++h) meta[h] = cuda::make_kv_head_meta(static_cast<int>(c.modes[h]), c.sink, c.local, B);
+  for (int h = 0; h < c.Hkv; ++h) meta[h] = cuda::make_kv_head_meta(c.modes[h], c.sink, c.local, B);
   // Every device tensor sits between NaN rows (200 before, 200 after), as the model's scratch buffers hold stale
   // rows around the ones a call is given: a kernel that reads outside its rows turns its output NaN, and one that
   // writes outside rows [0, T) of out (e.g. a bulk store at a negative row) is caught below.
@@ -272,7 +272,7 @@ TEST(CudaHybridAttention, RejectsBadShapes) {
   EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);  // 4 % 3
   p.n_kv_heads = 4, p.kernel = cuda::AttnKernel::Wgmma;
   EXPECT_THROW(cuda::hybrid_attention_fwd(p, nullptr), std::invalid_argument);  // group 1: no wgmma kernel
-  EXPECT_THROW(cuda::make_kv_head_meta(1, 64, 64, 32), std::invalid_argument);  // block 32
+  EXPECT_THROW(cuda::make_kv_head_meta(HeadMode::Streaming, 64, 64, 32), std::invalid_argument);  // block 32
 }
 
 namespace {
@@ -409,7 +409,7 @@ TEST(CudaXAttnEstimate, MatchesCpuSelection) {
                 nb = (n_pos + B - 1) / B;
       auto q = random_bf16(size_t(T) * Hq * hd, rng, 2.f);
       auto k = random_bf16(size_t(n_pos) * Hkv * hd, rng, 1.f);
-      std::vector<cuda::KVHeadMeta> meta{cuda::make_kv_head_meta(2, 0, 0, B), cuda::make_kv_head_meta(0, 0, 0, B)};
+      std::vector<cuda::KVHeadMeta> meta{cuda::make_kv_head_meta(HeadMode::XAttn, 0, 0, B), cuda::make_kv_head_meta(HeadMode::Full, 0, 0, B)};
       Dev<uint16_t> dq(q), dk(k);
       Dev<cuda::KVHeadMeta> dmeta(meta);
       Dev<int32_t> dblocks(cuda::xattn_list_capacity(Hq, nb)), doff(size_t(Hq) * nb), dcnt(size_t(Hq) * nb);
@@ -510,7 +510,7 @@ TEST(CudaDecodeAttention, RingCacheMatchesCpu) {
     std::vector<std::vector<float>> kcf(c.Hkv), vcf(c.Hkv), knew(c.Hkv), vnew(c.Hkv);
     std::vector<HeadKV> kv(c.Hkv);
     for (int h = 0; h < c.Hkv; ++h) {
-      const auto m = cuda::make_kv_head_meta(static_cast<int>(c.modes[h]), c.sink, c.local, c.B);
+      const auto m = cuda::make_kv_head_meta(c.modes[h], c.sink, c.local, c.B);
       HeadKV& x = kv[h];
       if (c.modes[h] == S) x.sink_slots = m.sink_blocks * c.B, x.ring_slots = m.local_blocks * c.B;
       const int slots = x.ring_slots ? x.sink_slots + x.ring_slots : c.n_pos;
@@ -588,14 +588,14 @@ TEST(CudaDecodeAttention, RingCacheMatchesCpu) {
 // decode_max_kept: n_pos when any head is full or XAttention, else the streaming heads' sink + window blocks.
 TEST(CudaDecodeAttention, MaxKeptBoundsEachMode) {
   std::vector<cuda::DecodeKVHead> hh(2);
-  hh[0].mode = hh[1].mode = 1;
+  hh[0].mode = hh[1].mode = elastic::kv_mode::kStreaming;
   hh[0].sink_blocks = 2, hh[0].local_blocks = 32;  // 34 blocks of 64
   hh[1].sink_blocks = 1, hh[1].local_blocks = 8;
   EXPECT_EQ(cuda::decode_max_kept(hh.data(), 2, 64, 100000), 34 * 64);
   EXPECT_EQ(cuda::decode_max_kept(hh.data(), 2, 64, 1000), 1000);  // never above n_pos
-  hh[1].mode = 2;
+  hh[1].mode = elastic::kv_mode::kXAttn;
   EXPECT_EQ(cuda::decode_max_kept(hh.data(), 2, 64, 100000), 100000);
-  hh[1].mode = 0;
+  hh[1].mode = elastic::kv_mode::kFull;
   EXPECT_EQ(cuda::decode_max_kept(hh.data(), 2, 128, 5000), 5000);
 }
 
@@ -641,7 +641,7 @@ TEST(CudaDecodeAttention, RejectsTooSmallRing) {
   uint16_t d = 0;
   cuda::DecodeKVHead h;
   h.k = h.v = &d;
-  h.mode = 1, h.sink_blocks = 1, h.local_blocks = 2, h.sink_slots = 64, h.ring_slots = 64;  // needs 128
+  h.mode = elastic::kv_mode::kStreaming, h.sink_blocks = 1, h.local_blocks = 2, h.sink_slots = 64, h.ring_slots = 64;  // needs 128
   EXPECT_THROW(cuda::validate_decode_heads(&h, 1, 64), std::invalid_argument);
   h.ring_slots = 128;
   EXPECT_NO_THROW(cuda::validate_decode_heads(&h, 1, 64));

@@ -84,7 +84,7 @@ Caches make_caches(const Config& c, std::mt19937& rng) {
   for (int h = 0; h < c.Hkv; ++h) {
     DecodeKVHead& x = cs.heads[h];
     x.mode = c.modes[h];
-    if (x.mode == 1) {
+    if (x.mode == elastic::kv_mode::kStreaming) {
       x.sink_blocks = c.sink_blocks, x.local_blocks = c.local_blocks;
       x.sink_slots = c.sink_blocks * c.B, x.ring_slots = c.local_blocks * c.B;
     }
@@ -109,7 +109,7 @@ std::vector<double> cpu_decode(const Config& c, const Caches& cs, const std::vec
     std::vector<int> slots;
     for (int j = 0; j < n_pos; ++j) {
       const int kb = j / c.B;
-      if (x.mode == 1 && !(kb < x.sink_blocks || qb - kb < x.local_blocks)) continue;
+      if (x.mode == elastic::kv_mode::kStreaming && !(kb < x.sink_blocks || qb - kb < x.local_blocks)) continue;
       slots.push_back(x.ring_slots == 0 || j < x.sink_slots ? j : x.sink_slots + (j - x.sink_slots) % x.ring_slots);
     }
     std::vector<double> s(slots.size());

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "elastic/kv_head_mode.h"
 #include "elastic/sparse_pattern.h"
 
 namespace elastic {
@@ -12,6 +13,9 @@ extern const SparsePattern kFullPattern, kStreamingPattern, kXAttnPattern, kStri
 
 namespace {
 const SparsePattern* const kPatterns[] = {&kFullPattern, &kStreamingPattern, &kXAttnPattern, &kStridedPattern};
+// The CUDA kernels' mode values (KVHeadMeta::mode) are these patterns' positions here.
+static_assert(static_cast<int>(HeadMode::Full) == kv_mode::kFull && static_cast<int>(HeadMode::Streaming) == kv_mode::kStreaming &&
+              static_cast<int>(HeadMode::XAttn) == kv_mode::kXAttn, "kv_head_mode.h must match HeadMode");
 }  // namespace
 
 int n_sparse_patterns() { return static_cast<int>(std::size(kPatterns)); }
