@@ -302,7 +302,12 @@ with gzip.open(sys.argv[2], "wt") as out:
 EOF
 tar czf "$O/train_logs.tgz" $X/train_*.jsonl $X/train_*.log $X/heads_task_*.json $X/omega_matched*.txt $X/tests.log \
   $X/probe_*.log $X/eval_*.log 2>/dev/null
-python3 scripts/controls_report.py "$O/results.jsonl.gz" --out $X/report 2>&1 | tail -n 80
+# Routers of another name at LONG (a sweep and its twin) take the adaptive / learned-static roles there.
+ROLES=()
+if [ -n "$LONG" ] && [ ${#LA[@]} -eq 1 ] && [ ${#LS[@]} -eq 1 ] && [[ ${LA[0]} != adaptive_s* ]]; then
+  ROLES=(--roles "$LONG:${LA[0]}=adaptive,$LONG:${LS[0]}=learned-static")
+fi
+python3 scripts/controls_report.py "$O/results.jsonl.gz" --out $X/report "${ROLES[@]}" 2>&1 | tail -n 80
 tar czf "$O/report.tgz" -C $X report
 # The adaptive and sweep routers come back too, as F16 in one archive (the device keeps nothing; at most 8 files come
 # back): the candidates to ship under routers/.
