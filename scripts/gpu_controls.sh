@@ -74,6 +74,17 @@ HAY=.ctl_in/haystack.txt
 [ -s "$HAY" ] || { echo "missing $HAY (scripts/gpu_controls.sh expects it carried)"; exit 1; }
 left() { echo $(( BUDGET - SECONDS )); }
 log() { echo "[$(date +%T) +${SECONDS}s] $*"; }
+n_items() { echo "$1" | tr ',' '\n' | grep -c .; }  # entries of a comma list
+NT=$(n_items "$TASKS")
+NL=$(n_items "$LENGTHS")
+WANT=$(( NT * NL * SAMPLES ))  # samples of one method's folder at LENGTHS
+# Every folder given ($2...) has all its samples ($1 of them; one method per folder).
+done_all() {
+  local want=$1 d; shift
+  for d in "$@"; do
+    [ -f "$d/results.jsonl" ] && [ "$(grep -c . "$d/results.jsonl")" -ge "$want" ] || return 1
+  done
+}
 
 # 1-2. The task probe at the first eval length, beside the main routers, all in parallel. A router is trained to a
 # .tmp file and renamed when done, so a call cut mid-training retrains it next call rather than keeping half of it.
@@ -126,8 +137,7 @@ start_sweeps() {
   IFS=';' read -ra SW <<< "$SWEEPS"
   for spec in "${SW[@]}"; do
     [ -n "$spec" ] || continue
-    f=$X/eval_sweep_${spec%%|*}/results.jsonl  # evaluated already (a restored run): no router needed
-    [ -f "$f" ] && [ "$(grep -c . "$f")" -ge $(( $(echo "$TASKS" | tr ',' '\n' | grep -c .) * SAMPLES )) ] && continue
+    done_all "$WANT" "$X/eval_sweep_${spec%%|*}" && continue  # evaluated already (a restored run): no router needed
     [ -s $X/sweep_${spec%%|*}.safetensors ] && continue
     train "sweep_${spec%%|*}" --seed 1 ${spec#*|} & sweep_pids+=($!)
   done
@@ -169,8 +179,6 @@ phase() {  # $1 = folder prefix, $2 = lengths, then "name|eval flags" specs, run
   for p in "${pids[@]}"; do wait $p; done
 }
 EVAL_TASKS=$TASKS  # phase 6 sets TASKS_LONG
-NT=$(echo "$TASKS" | tr ',' '\n' | grep -c .)
-NL=$(echo "$LENGTHS" | tr ',' '\n' | grep -c .)
 # A sample line cut by a timeout is dropped, so the eval resumes from whole lines.
 sanitize() {
   [ -f "$1/results.jsonl" ] || return 0
@@ -182,13 +190,6 @@ for l in open(p):
     try: json.loads(l); keep.append(l if l.endswith("\n") else l + "\n")
     except ValueError: pass
 open(p, "w").writelines(keep)' "$1/results.jsonl"
-}
-# Every folder given ($2...) has all its samples ($1 of them; one method per folder).
-done_all() {
-  local want=$1 d; shift
-  for d in "$@"; do
-    [ -f "$d/results.jsonl" ] && [ "$(grep -c . "$d/results.jsonl")" -ge "$want" ] || return 1
-  done
 }
 dirs_of() { local pre=$1 spec; shift; for spec in "$@"; do echo "$X/eval_$pre${spec%%|*}"; done; }
 # Runs a phase unless done or out of time. $1 = prefix, $2 = lengths, $3 = samples wanted per folder, rest = specs.
@@ -208,7 +209,6 @@ v = [json.loads(l)["msr"] for l in sys.stdin if l.strip() and json.loads(l)["met
 print(f"{sum(v) / len(v):.3f}")' > "$2"
   cat "$2"
 }
-WANT=$(( NT * NL * SAMPLES ))
 
 # 3. Phase 1: full and the routers.
 P1=("full|--methods full")
@@ -258,7 +258,7 @@ LA=(${LONG_ROUTERS%%|*}) LS=(${LONG_ROUTERS#*|})
 long_ok() { local r; for r in "${LA[@]}" "${LS[@]}"; do [ -s $X/$r.safetensors ] || return 1; done; }
 if [ -n "$LONG" ] && [ -s $X/omega_matched.txt ] && [ "$(left)" -gt 120 ] && long_ok; then
   EVAL_TASKS=$TASKS_LONG
-  WL=$(( $(echo "$TASKS_LONG" | tr ',' '\n' | grep -c .) * SAMPLES ))
+  WL=$(( $(n_items "$TASKS_LONG") * SAMPLES ))
   probe_at "$LONG"
   PL=("full|--methods full")
   for r in "${LA[@]}" "${LS[@]}"; do PL+=("$r|--methods none --router $X/$r.safetensors"); done

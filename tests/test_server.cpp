@@ -1221,54 +1221,35 @@ struct AllStreamingRouter : PromptRouter {
 };
 }  // namespace
 
-TEST(ServerLimits, PolicyRouterDecidesAtPrefill) {
-  const std::string dir = write_tiny_qwen3("server_router", false);
-  Model m = Model::load(dir);
-  const ModelConfig cfg = m.config;
-  ServerOptions o;
-  o.policy = RoutePolicy::routed(std::make_shared<AllStreamingRouter>());
-  o.port = 0;
-  o.max_context = 512;
-  o.threads = 1;
-  Server srv(std::move(m), dir, o);
-  srv.start();
-  httplib::Client c = client_of(srv.port());
-  int st = 0;
-  std::vector<int32_t> prompt(150, 42);
-  json r = post_json(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 100}, {"temperature", 0}}, &st);
-  ASSERT_EQ(st, 200) << r.dump();
-  EXPECT_EQ(r["elastic"]["omega_msr"], 1.0);
+// The policy's router decides at prefill; a fixed table in the policy (serve --routing / --mode) routes every request.
+// Both route this request all streaming, and its KV reservation follows that routing.
+TEST(ServerLimits, PolicyRoutesEachRequest) {
   const RoutingTable ssa = AllStreamingRouter::table();
-  EXPECT_EQ(r["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(cfg, 250, ssa));
-  EXPECT_EQ(metric(c, "elastic_kv_cache_bytes"), 0);
-  srv.stop();
-  fs::remove_all(dir);
-}
-
-// A fixed table in the policy (serve --routing / --mode): every request runs under it, its KV reservation follows it.
-TEST(ServerLimits, PolicyTableRoutesEveryRequest) {
-  const std::string dir = write_tiny_qwen3("server_policy_table", false);
-  Model m = Model::load(dir);
-  const ModelConfig cfg = m.config;
-  const RoutingTable ssa = AllStreamingRouter::table();
-  ServerOptions o;
-  o.policy = RoutePolicy::fixed(ssa);
-  o.port = 0;
-  o.max_context = 512;
-  o.threads = 1;
-  Server srv(std::move(m), dir, o);
-  srv.start();
-  httplib::Client c = client_of(srv.port());
-  int st = 0;
-  std::vector<int32_t> prompt(150, 42);
-  json r = post_json(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 100}, {"temperature", 0}}, &st);
-  ASSERT_EQ(st, 200) << r.dump();
-  EXPECT_EQ(r["elastic"]["omega_msr"], 1.0);
-  EXPECT_EQ(r["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(cfg, 250, ssa));
-  EXPECT_LT(kv_cache_bytes_for(cfg, 250, ssa),
-            kv_cache_bytes_for(cfg, 250, RoutingTable::all_full(cfg.n_layers, cfg.n_kv_heads)));
-  srv.stop();
-  fs::remove_all(dir);
+  for (const bool routed : {true, false}) {
+    SCOPED_TRACE(routed ? "router" : "fixed table");
+    const std::string dir = write_tiny_qwen3(routed ? "server_router" : "server_policy_table", false);
+    Model m = Model::load(dir);
+    const ModelConfig cfg = m.config;
+    ServerOptions o;
+    o.policy = routed ? RoutePolicy::routed(std::make_shared<AllStreamingRouter>()) : RoutePolicy::fixed(ssa);
+    o.port = 0;
+    o.max_context = 512;
+    o.threads = 1;
+    Server srv(std::move(m), dir, o);
+    srv.start();
+    httplib::Client c = client_of(srv.port());
+    int st = 0;
+    std::vector<int32_t> prompt(150, 42);
+    json r = post_json(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 100}, {"temperature", 0}}, &st);
+    ASSERT_EQ(st, 200) << r.dump();
+    EXPECT_EQ(r["elastic"]["omega_msr"], 1.0);
+    EXPECT_EQ(r["elastic"]["kv_cache_bytes"].get<size_t>(), kv_cache_bytes_for(cfg, 250, ssa));
+    EXPECT_LT(kv_cache_bytes_for(cfg, 250, ssa),
+              kv_cache_bytes_for(cfg, 250, RoutingTable::all_full(cfg.n_layers, cfg.n_kv_heads)));
+    EXPECT_EQ(metric(c, "elastic_kv_cache_bytes"), 0);
+    srv.stop();
+    fs::remove_all(dir);
+  }
 }
 
 namespace {

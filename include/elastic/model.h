@@ -39,6 +39,9 @@ struct ModelWeights {
 // Loads and validates every expected tensor (names, shapes) from the model folder's safetensors.
 ModelWeights load_weights(const ModelConfig& cfg, const std::string& model_dir);
 
+// Throws std::invalid_argument naming `who` when r is not one mode per (layer, KV head) of c.
+void check_routing_shape(const RoutingTable& r, const ModelConfig& c, const char* who);
+
 // Key/value cache: per layer, per KV head (index l * Hkv + h), [slots, hd] rows. `capacity` counts positions.
 // A full head has one slot per position. With a routing given, a streaming head keeps only its sink blocks plus a
 // ring of its local window (the hybrid cache), so memory falls with sparsity.

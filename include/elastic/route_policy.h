@@ -1,7 +1,7 @@
 #pragma once
 // How a run decides each sequence's routing: one fixed table (all heads full unless given), or a prompt router that
-// decides per sequence, layer by layer, at its prefill. The policy belongs to the run (generate, an eval method, the
-// server, a probe); the routing a sequence runs under is decided at its prefill and lives with that sequence's KV
+// decides per sequence, layer by layer, at its prefill. The policy belongs to the run (generate, logits, an eval
+// method, the server); the routing a sequence runs under is decided at its prefill and lives with that sequence's KV
 // state (KVCache::routing on the CPU, the GPU model's per-sequence pages), so a decode step, an extend and the figures
 // all read it from there. Nothing else holds routing state: the model is weights and shapes only.
 #include <memory>

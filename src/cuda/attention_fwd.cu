@@ -30,6 +30,7 @@
 #include "elastic/streaming_rule.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
+#include "elastic/sparse_pattern.h"
 
 namespace elastic::cuda {
 namespace {
@@ -823,14 +824,14 @@ bool pairs_group(int n_heads, int n_kv_heads) {
 }  // namespace
 
 KVHeadMeta make_kv_head_meta(HeadMode mode, int sink, int local, int block) {
-  const int32_t id = static_cast<int32_t>(mode);
-  if (id != kv_mode::kFull && id != kv_mode::kStreaming && id != kv_mode::kXAttn)
-    throw std::invalid_argument(std::string("make_kv_head_meta: the kernels implement full, ssa and xattn heads, not ") +
-                                head_mode_name(mode));
+  // The registry says which patterns the kernels implement (their modes are kv_head_mode.h's values).
+  if (!sparse_pattern(mode).on_cuda)
+    throw std::invalid_argument(std::string("the CUDA backend does not implement the '") + sparse_pattern(mode).name +
+                                "' pattern (it runs on the CPU reference: --device cpu)");
   if (block != 64 && block != 128) throw std::invalid_argument("make_kv_head_meta: block must be 64 or 128");
   if (sink < 0 || local < 0) throw std::invalid_argument("make_kv_head_meta: sink and local must be >= 0");
   KVHeadMeta m;
-  m.mode = id;
+  m.mode = static_cast<int32_t>(mode);
   const StreamingBlocks b = streaming_blocks(sink, local, block);
   m.sink_blocks = b.sink_blocks;
   m.local_blocks = b.local_blocks;

@@ -14,9 +14,6 @@ namespace elastic {
 
 namespace {
 
-// The routing a slot decodes under: its cache's, as Model::forward's.
-const RoutingTable& slot_routing(const Model&, const DecodeSlot& s) { return s.cache->routing; }
-
 // All checks up front, so a bad slot leaves every cache untouched.
 void check_slots(const Model& m, const std::vector<DecodeSlot>& slots) {
   const ModelConfig& c = m.config;
@@ -35,12 +32,8 @@ void check_slots(const Model& m, const std::vector<DecodeSlot>& slots) {
     if (s.token < 0 || s.token >= c.vocab)
       throw std::runtime_error(who + ": token id " + std::to_string(s.token) + " is outside the vocabulary [0, " +
                                std::to_string(c.vocab) + ")");
-    const RoutingTable& r = slot_routing(m, s);
-    if (r.n_layers != c.n_layers || r.n_kv_heads != c.n_kv_heads ||
-        r.mode.size() != static_cast<size_t>(c.n_layers) * c.n_kv_heads)
-      throw std::invalid_argument(who + ": routing table is " + std::to_string(r.n_layers) + " x " +
-                                  std::to_string(r.n_kv_heads) + ", the model has " + std::to_string(c.n_layers) +
-                                  " layers x " + std::to_string(c.n_kv_heads) + " KV heads");
+    const RoutingTable& r = kc.routing;  // the slot decodes under its cache's routing, as Model::forward
+    check_routing_shape(r, c, who.c_str());
     // A ring cache holds only a streaming head's window: any other mode would read overwritten keys.
     for (size_t i = 0; i < r.mode.size(); ++i)
       if (kc.ring_slots[i] && r.mode[i] != HeadMode::Streaming)
@@ -77,7 +70,7 @@ void decode_batch(const Model& m, const std::vector<DecodeSlot>& slots, std::vec
       const float* vb = w.v.data() + static_cast<size_t>(b) * Hkv * hd;
       apply_rope(qb, 1, Hq, hd, pos0, m.rope_inv_freq);  // each row at its own sequence's position
       apply_rope(kb, 1, Hkv, hd, pos0, m.rope_inv_freq);
-      cached_attention(c, l, qb, kb, vb, 1, pos0, *slots[b].cache, slot_routing(m, slots[b]),
+      cached_attention(c, l, qb, kb, vb, 1, pos0, *slots[b].cache, slots[b].cache->routing,
                        w.att.data() + static_cast<size_t>(b) * Hq * hd, slots[b].stats, nullptr, false);
     }
     cpu::layer_out_mlp(m, l, x.data(), B, w, cpu::Products::RowWise);

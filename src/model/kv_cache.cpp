@@ -39,11 +39,7 @@ void KVCache::allocate_layer(int layer, const HeadMode* modes, const SparseSetti
 }
 
 void KVCache::init(const ModelConfig& cfg, int cap, const RoutingTable* hybrid) {
-  if (hybrid && (hybrid->n_layers != cfg.n_layers || hybrid->n_kv_heads != cfg.n_kv_heads ||
-                 hybrid->mode.size() != static_cast<size_t>(cfg.n_layers) * cfg.n_kv_heads))
-    throw std::invalid_argument("KV cache: routing table is " + std::to_string(hybrid->n_layers) + " x " +
-                                std::to_string(hybrid->n_kv_heads) + ", the model has " + std::to_string(cfg.n_layers) +
-                                " x " + std::to_string(cfg.n_kv_heads));
+  if (hybrid) check_routing_shape(*hybrid, cfg, "KV cache");
   init_deferred(cfg, cap);
   const std::vector<HeadMode> full(n_kv_heads, HeadMode::Full);
   for (int l = 0; l < n_layers; ++l)

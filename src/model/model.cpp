@@ -33,17 +33,17 @@ Model Model::load(const std::string& model_dir) {
 }
 
 
-namespace {
-
-using Work = cpu::LayerActs;
-
-void check_routing_shape(const RoutingTable& r, const ModelConfig& c) {
+void check_routing_shape(const RoutingTable& r, const ModelConfig& c, const char* who) {
   if (r.n_layers != c.n_layers || r.n_kv_heads != c.n_kv_heads ||
       r.mode.size() != static_cast<size_t>(c.n_layers) * c.n_kv_heads)
-    throw std::invalid_argument("forward: routing table is " + std::to_string(r.n_layers) + " x " +
+    throw std::invalid_argument(std::string(who) + ": routing table is " + std::to_string(r.n_layers) + " x " +
                                 std::to_string(r.n_kv_heads) + ", the model has " + std::to_string(c.n_layers) +
                                 " layers x " + std::to_string(c.n_kv_heads) + " KV heads");
 }
+
+namespace {
+
+using Work = cpu::LayerActs;
 
 void check_ids(const int32_t* ids, int T, int V) {
   for (int t = 0; t < T; ++t)
@@ -104,7 +104,7 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
   const ModelConfig& c = config;
   const RoutingTable& r = cache.routing;
   if (r.n_layers == 0) throw std::invalid_argument("forward: the KV cache has no routing (KVCache::init sets one)");
-  check_routing_shape(r, c);
+  check_routing_shape(r, c, "forward");
   check_capacity(cache, T);
   check_ids(ids, T, c.vocab);
   const int pos0 = cache.length;
@@ -183,7 +183,7 @@ PrefillCursor::PrefillCursor(const Model& m, const int32_t* ids, int T, int chun
     decided_ = RoutingTable::all_full(c.n_layers, c.n_kv_heads);
     decided_.sparse = router_->sparse();
   } else {
-    check_routing_shape(cache.routing, c);
+    check_routing_shape(cache.routing, c, "prefill");
     check_xattn_chunk(cache.routing.mode.data(), cache.routing.mode.size(), T, chunk, cache.routing.sparse.block);
     decided_ = cache.routing;
   }

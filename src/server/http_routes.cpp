@@ -853,7 +853,8 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     job->router = opts.policy.router.get();  // decided layer by layer in prefill; reserve the all-full size until then
     job->routing = RoutingTable::all_full(c.n_layers, c.n_kv_heads);
   } else {
-    job->routing = opts.policy.table.n_layers ? opts.policy.table : RoutingTable::all_full(c.n_layers, c.n_kv_heads);
+    const RoutingTable* fixed = opts.policy.fixed_table();  // null for an empty table: every head full
+    job->routing = fixed ? *fixed : RoutingTable::all_full(c.n_layers, c.n_kv_heads);
   }
   if (job->routing.n_layers != c.n_layers || job->routing.n_kv_heads != c.n_kv_heads ||
       job->routing.mode.size() != static_cast<size_t>(c.n_layers) * c.n_kv_heads)
