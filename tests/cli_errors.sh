@@ -92,6 +92,7 @@ expect_fail "cannot write SVG" $BIN plot $TMP/p.csv -o $TMP/no/dir/p.svg --y-lab
 printf 'T,ours\n0,1\n' > $TMP/zero.csv
 expect_fail "--log2-x needs x > 0" $BIN plot $TMP/zero.csv -o $TMP/z.svg --y-label y --log2-x
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
+expect_fail "--batch, --kv-pool-gib and --batch-invariant need --device cuda" $BIN bench --batch 8
 expect_fail "--attn-kernel" $BIN bench --device cuda --attn-kernel fastest
 expect_fail "--text needs -m" $BIN bench --text /etc/hostname -c 128
 expect_fail "--density counts blocks on the CPU" $BIN bench --device cuda --density $TMP/d.md -c 128
@@ -110,7 +111,6 @@ expect_cuda_fail "head_dim 32 is not supported" $BIN train-router -m $FX/qwen3_t
   --max-len 64 --builtin-samples 2 --sink 0 --local 32 --block 64 -o $TMP/r.safetensors --log $TMP/t.jsonl
 expect_cuda_fail "head_dim 32 is not supported" $BIN eval -m $FX/qwen3_tiny --device cuda --lengths 100 --samples 1 \
   --methods full --tasks niah_single_2 -o $TMP/evg
-expect_fail "--parallel must be 1" $BIN serve -m $FX/qwen3_tiny --device cuda --parallel 4
 expect_cuda_fail "head_dim 32 is not supported" $BIN serve -m $FX/qwen3_tiny --device cuda
 expect_fail "--gpus needs --device cuda" $BIN train-router -m $FX/qwen3_tiny --gpus 2
 expect_fail "ELASTIC_RANK='x' is not a rank number" env ELASTIC_RANK=x $BIN train-router -m $FX/qwen3_tiny --gpus 2 --device cuda

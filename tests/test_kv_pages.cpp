@@ -130,6 +130,57 @@ TEST(SequencePages, OutOfPagesIsAllOrNothing) {
   EXPECT_THROW(seq.grow(5), std::invalid_argument);  // positions are appended, never taken back by grow
 }
 
+// A fork: a sequence that decoded past a block boundary (a streaming head's window moved) is copied into fresh
+// pages; both then hold the same blocks and kept counts, every kept position maps to a page of its own sequence,
+// and both grow on identically. A pool too small for the copy refuses it and keeps nothing of it.
+TEST(SequencePages, CopyLayoutFromIsAForkOfTheSource) {
+  const RoutingTable r = routing(1, 3, {HeadMode::Full, HeadMode::Streaming, kStrided});
+  PagePool pool(200, 64);
+  SequencePages a(pool, r);
+  for (int c0 = 0; c0 < 300; c0 += 64) {
+    a.grow(std::min(300, c0 + 64));
+    a.release_unused();
+  }
+  for (int p = 300; p < 700; ++p) {  // decode steps, releasing at block starts as the GPU model does
+    if (p % 64 == 0) a.release_unused();
+    a.grow(p + 1);
+  }
+  const int64_t used = pool.used_pages();
+  SequencePages b(pool, r);
+  std::vector<int32_t> from, to;
+  b.copy_layout_from(a, from, to);
+  EXPECT_EQ(pool.used_pages(), 2 * used);
+  EXPECT_EQ(int64_t(from.size()), a.pages_held());
+  EXPECT_EQ(b.length(), a.length());
+  std::set<int32_t> own(to.begin(), to.end()), theirs(from.begin(), from.end());
+  for (int32_t p : own) EXPECT_FALSE(theirs.count(p)) << "page " << p << " in both sequences";
+  for (int h = 0; h < 3; ++h) {
+    EXPECT_EQ(b.head(0, h).kept, a.head(0, h).kept);
+    EXPECT_EQ(b.head(0, h).page_block, a.head(0, h).page_block);
+    for (const int j : kept_positions(a.head(0, h).mode, r.sparse, 699)) {
+      const int64_t ra = a.row(0, h, j), rb = b.row(0, h, j);
+      EXPECT_EQ(ra % 64, rb % 64);
+      EXPECT_TRUE(own.count(int32_t(rb / 64))) << "position " << j;
+    }
+  }
+  for (int p = 700; p < 800; ++p) {
+    if (p % 64 == 0) a.release_unused(), b.release_unused();
+    a.grow(p + 1);
+    b.grow(p + 1);
+  }
+  for (int h = 0; h < 3; ++h) EXPECT_EQ(b.head(0, h).page_block, a.head(0, h).page_block);
+  EXPECT_THROW(b.copy_layout_from(a, from, to), std::invalid_argument) << "only into an empty sequence";
+
+  PagePool small(used + used / 2, 64);  // room for the source, not for a copy of it
+  SequencePages c(small, r), d(small, r);
+  for (int p = 0; p < 700; p += 64) c.grow(std::min(700, p + 64)), c.release_unused();
+  const int64_t held = small.used_pages();
+  EXPECT_THROW(d.copy_layout_from(c, from, to), OutOfPages);
+  EXPECT_EQ(small.used_pages(), held);
+  EXPECT_EQ(d.length(), 0);
+  EXPECT_TRUE(from.empty() && to.empty());
+}
+
 // The plan's units tile each head's kept list exactly once, and the reference over pages equals dense attention
 // over the positions each head keeps, for a batch of sequences with different lengths and routings.
 TEST(PagedDecode, PlanAndReferenceMatchDenseAttentionOverKeptPositions) {

@@ -1343,6 +1343,7 @@ struct RecordingBackend : BatchBackend {
   }
   int slots() const override { return in->slots(); }
   bool budgets_kv() const override { return in->budgets_kv(); }
+  size_t kv_bytes_for(int p, int c, const RoutingTable& r) const override { return in->kv_bytes_for(p, c, r); }
   void prefill_start(int s, const std::vector<int32_t>& p, int c, const RoutingTable* r,
                      const PromptRouter* ro) override {
     in->prefill_start(s, p, c, r, ro);

@@ -24,6 +24,7 @@
 #include "elastic/text_file.h"
 #include "elastic/tokenizer.h"
 #ifdef ELASTIC_HAVE_CUDA
+#include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
 #include "elastic/cuda_paged_decode.h"
 #include "elastic/gpu_model.h"
@@ -36,6 +37,11 @@ struct Row {
   std::string model, mode;
   int layers = 0, ctx = 0, reps = 0;
   double msr = 0, flops = 0, tok_s = 0, tok_s_sd = 0, attn_ms = 0, attn_ms_sd = 0, speedup = 0, tg = NAN;
+  // GPU --decode: sequences decoded together (--batch), the bytes one step reads (weights + every sequence's K/V
+  // pages) and their rate against the measured copy rate. tg is all sequences' tokens per second together.
+  int batch = 1;
+  double step_bytes = NAN, step_gbs = NAN;
+  std::string note;  // why a row has no decode figures (the batch's pages did not fit)
   // GPU --decode: one more step, uncaptured, timed by part (ms, GpuDecodeParts' order). Empty on the CPU.
   std::vector<double> parts;
 };
@@ -149,7 +155,9 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   struct Opts {
     std::string model, shape = "tiny", ctx = "512,1024", modes = "full,ssa,xattn,hybrid@0.5,hybrid@0.7,hybrid@0.9",
                        out = "md";
-    int layers = 0, vocab = 0, reps = 3, threads = 0, chunk = 16384, decode = 32;
+    int layers = 0, vocab = 0, reps = 3, threads = 0, chunk = 16384, decode = 32, batch = 1;
+    double kv_pool_gib = 0;
+    bool batch_invariant = false;
     std::string device = "cpu", attn_kernel, plot, text, density;
     uint64_t seed = 0;
     SparseSettings sparse;
@@ -184,6 +192,14 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--device", o->device, "cpu, or cuda (bf16 GPU backend)")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--decode", o->decode, "GPU: decode steps timed after each row's prefill (0 = none)")
       ->check(in_range(0, kMaxTokens));
+  sub->add_option("--batch", o->batch,
+                  "GPU: sequences decoded together after each row's prefill (the prompt forked into each slot)")
+      ->check(in_range(1, 256));
+  sub->add_option("--kv-pool-gib", o->kv_pool_gib,
+                  "GPU: KV page pool (default: --batch sequences, every head full, at the longest row)")
+      ->check(CLI::Range(0.0, 1e6));
+  sub->add_flag("--batch-invariant", o->batch_invariant,
+               "GPU: decode as the server does, rows bitwise equal alone and batched (GpuOptions::batch_invariant)");
   sub->add_option("--attn-kernel", o->attn_kernel,
                   "GPU: prefill attention kernel variant (default auto; docs/CUDA_ATTENTION.md compares them)")
       ->check(CLI::IsMember({"auto", "simple", "wgmma", "overlap", "overlap-nopingpong", "persistent", "nopingpong"}));
@@ -199,6 +215,9 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     if (!o->density.empty() && gpu)
       throw std::runtime_error("bench: --density counts blocks on the CPU reference (the GPU kernels do not count "
                                "them); run it with --device cpu");
+    if (!gpu && (o->batch != 1 || o->kv_pool_gib > 0 || o->batch_invariant))
+      throw std::runtime_error("bench: --batch, --kv-pool-gib and --batch-invariant need --device cuda (the CPU bench "
+                               "times prefill only)");
     if (!o->attn_kernel.empty()) {
       if (!gpu) throw std::runtime_error("bench: --attn-kernel needs --device cuda");
       std::fprintf(stderr, "bench: attention kernel %s\n", o->attn_kernel.c_str());
@@ -247,6 +266,9 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       cuda::GpuOptions go;
       go.max_ctx = *std::max_element(ctxs.begin(), ctxs.end()) + o->decode;
       go.chunk = o->chunk;
+      go.slots = o->batch;
+      go.batch_invariant = o->batch_invariant;
+      go.kv_pool_bytes = static_cast<size_t>(o->kv_pool_gib * double(size_t(1) << 30));
       go.attention = cuda::attention_config_from_env();  // ELASTIC_ATTN_OPTS still applies; --attn-kernel names the kernel
       if (!o->attn_kernel.empty())  // the flag wins over ELASTIC_ATTN_KERNEL
         go.attention->kernel = cuda::attention_kernel_by_name(o->attn_kernel);
@@ -273,6 +295,8 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
         AttentionStats last;
         double tg = NAN, flops = NAN;
         std::vector<double> parts;
+        std::string note;
+        double step_bytes = NAN, step_gbs = NAN;
 #ifdef ELASTIC_HAVE_CUDA
         if (gpu) {
           if (mode == modes.front()) g->prefill(ids.data(), T, &r, nullptr, nullptr, false);  // warm-up
@@ -283,18 +307,37 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
             attn_ms.push_back(st.attention_ms);
           }
           if (o->decode > 0) {
-            // Untimed: an eager step (cuBLASLt picks its algorithms), one step timed by part (uncaptured, events
-            // between the parts), the step that captures the graph. Then the replays are timed.
-            int32_t id = g->decode(ids.back());
-            if (o->decode > 1) {
-              const cuda::GpuDecodeParts p = g->decode_parts(id, &id);
-              parts.assign(std::begin(p.ms), std::end(p.ms));
+            // The prompt forked into every other slot (the same K/V, pages of its own), then each step feeds every
+            // sequence. Untimed: an eager step (cuBLASLt picks its algorithms), one step timed by part (uncaptured,
+            // events between the parts), the step that captures the graph. Then the replays are timed.
+            const int B = o->batch;
+            std::vector<int> slots(B);
+            for (int b = 0; b < B; ++b) slots[b] = b;
+            try {
+              for (int b = 1; b < B; ++b) g->fork(0, b);
+            } catch (const OutOfPages&) {
+              note = "the pages of " + std::to_string(B) + " sequences do not fit the pool (--kv-pool-gib)";
             }
-            if (o->decode > 2) id = g->decode(id);
-            const auto a = std::chrono::steady_clock::now();
-            for (int i = 3; i < o->decode; ++i) id = g->decode(id);
-            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-            if (o->decode > 3) tg = (o->decode - 3) / s;
+            if (note.empty()) {
+              std::vector<int32_t> ids_b(B, ids.back()), next;
+              g->decode_batch(slots, ids_b, nullptr, &next);
+              if (o->decode > 1) {
+                const cuda::GpuDecodeParts p = g->decode_parts(next[0], nullptr, B);
+                parts.assign(std::begin(p.ms), std::end(p.ms));
+              }
+              if (o->decode > 2) g->decode_batch(slots, next, nullptr, &next);
+              double kv = 0;
+              for (int b = 0; b < B; ++b) kv += double(g->kv_bytes(b));
+              const auto a = std::chrono::steady_clock::now();
+              for (int i = 3; i < o->decode; ++i) g->decode_batch(slots, next, nullptr, &next);
+              const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+              if (o->decode > 3) {
+                tg = double(B) * (o->decode - 3) / s;
+                step_bytes = double(g->plan().weights) + kv;  // K/V at the start of the timed steps
+                step_gbs = step_bytes * (o->decode - 3) / s * 1e-9;
+              }
+            }
+            for (int b = 1; b < B; ++b) g->release(b);
           }
           flops = routed_block_ratio(r, T);
         }
@@ -334,6 +377,10 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
         row.flops = flops;
         row.tg = tg;
         row.parts = parts;
+        row.batch = gpu ? o->batch : 1;
+        row.step_bytes = step_bytes;
+        row.step_gbs = step_gbs;
+        row.note = note;
         mean_sd(tok_s, row.tok_s, row.tok_s_sd);
         mean_sd(attn_ms, row.attn_ms, row.attn_ms_sd);
         if (mode == "full") full_s = row.attn_ms;
@@ -364,6 +411,9 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                      {"attention_ms", r.attn_ms}, {"attention_ms_sd", r.attn_ms_sd},
                      {"attention_speedup_vs_full", std::isfinite(r.speedup) ? nlohmann::json(r.speedup) : nlohmann::json()},
                      {"decode_tok_s", std::isfinite(r.tg) ? nlohmann::json(r.tg) : nlohmann::json()},
+                     {"decode_batch", r.batch},
+                     {"decode_step_bytes", std::isfinite(r.step_bytes) ? nlohmann::json(r.step_bytes) : nlohmann::json()},
+                     {"decode_gb_s", std::isfinite(r.step_gbs) ? nlohmann::json(r.step_gbs) : nlohmann::json()},
                      {"attention_flops_ratio_known", std::isfinite(r.flops)}, {"device", o->device},
                      {"repeats", r.reps}});
       std::cout << j.dump(2) << "\n";
@@ -382,6 +432,24 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                     r.tok_s, r.tok_s_sd, r.attn_ms, r.attn_ms_sd, fmt_or_dash(r.speedup, "%.2fx").c_str(),
                     fmt_or_dash(r.tg, "%.1f").c_str());
 #ifdef ELASTIC_HAVE_CUDA
+      if (gpu && o->decode > 3) {
+        // Decode against the roofline: a step reads the weights once and every sequence's K/V pages once.
+        const double copy = cuda::copy_bandwidth_gbs();
+        std::printf("\nDecode, %d sequence%s a step; copy rate (device to device, read + write) %.0f GB/s\n\n"
+                    "| ctx | mode | batch | tok/s (all) | tok/s per sequence | GiB read per step (weights + K/V) | "
+                    "GB/s | of copy |\n|---|---|---|---|---|---|---|---|\n",
+                    o->batch, o->batch == 1 ? "" : "s", copy);
+        for (const Row& r : rows) {
+          if (!r.note.empty()) {
+            std::printf("| %d | %s | %d | - | - | - | - | %s |\n", r.ctx, r.mode.c_str(), r.batch, r.note.c_str());
+            continue;
+          }
+          std::printf("| %d | %s | %d | %s | %s | %s | %s | %s |\n", r.ctx, r.mode.c_str(), r.batch,
+                      fmt_or_dash(r.tg, "%.1f").c_str(), fmt_or_dash(r.tg / r.batch, "%.1f").c_str(),
+                      fmt_or_dash(r.step_bytes / double(size_t(1) << 30), "%.2f").c_str(),
+                      fmt_or_dash(r.step_gbs, "%.0f").c_str(), fmt_or_dash(r.step_gbs / copy * 100, "%.0f%%").c_str());
+        }
+      }
       if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.parts.empty(); })) {
         // Shares of one uncaptured step's GPU time; "replay" is the graph step (1 / decode tok/s): what the parts
         // add up to beyond it is the gaps between launches that the graph removes.

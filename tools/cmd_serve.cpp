@@ -59,15 +59,12 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
                   "Trained router (safetensors): routes each request from its own prompt at prefill");
   sub->add_flag("-q,--quiet", o->quiet, "No per-request lines on stderr");
   sub->add_option("--device", o->device,
-                  "cpu (batched decode of --parallel requests), or cuda (the bf16 GPU model, one request at a time)")
+                  "cpu (the fp32 model) or cuda (the bf16 GPU model); either decodes its --parallel requests together")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  auto* parallel_opt = sub->get_option("--parallel");
   auto* budget_opt = sub->get_option("--kv-budget-mib");
-  cmds.push_back({sub, [o, parallel_opt, budget_opt] {
+  cmds.push_back({sub, [o, budget_opt] {
     resolve_model(o->model, "serve");
     const bool gpu = o->device == "cuda";
-    if (gpu && parallel_opt->count() && o->parallel != 1)
-      throw std::runtime_error("serve: --device cuda runs one request at a time; --parallel must be 1");
 #ifndef ELASTIC_HAVE_CUDA
     if (gpu) no_cuda_backend("serve");
 #endif
@@ -97,25 +94,24 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     if (gpu) {
       cuda::GpuOptions go;
       go.max_ctx = o->ctx > 0 ? o->ctx : m.config.max_positions;
+      go.slots = o->parallel;
+      go.chunk = o->chunk;
+      go.batch_invariant = true;  // a request answers what it would alone, at any --parallel (docs/SERVER.md)
+      // The page pool is the KV budget: --kv-budget-mib when given, else every slot's heads full at -c.
+      if (budget_opt->count()) go.kv_pool_bytes = so.kv_budget_bytes;
       g = cuda::GpuModel::upload(m, go);
       std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
-      so.backend = cuda::gpu_sequence_backend(*g);
-      if (budget_opt->count())
-        std::fprintf(stderr, "serve: --kv-budget-mib does not apply to --device cuda (its caches are reserved for -c "
-                             "positions at start, see the plan above)\n");
-      so.max_slots = 1;
+      so.batch_backend = cuda::gpu_batch_backend(*g);
+      so.kv_budget_bytes = g->kv_pool_bytes();
       so.max_context = go.max_ctx;
     }
 #endif
     const std::string routing_desc = so.policy.router ? "per-request router " + o->router : so.policy.describe();
     Server srv(std::move(m), o->model, so);
     const int port = srv.bind();
-    if (gpu)
-      std::fprintf(stderr, "elastic serve: listening on http://%s:%d (cuda, one request at a time, %s)\n",
-                   o->host.c_str(), port, routing_desc.c_str());
-    else
-      std::fprintf(stderr, "elastic serve: listening on http://%s:%d (%d slots, KV budget %.0f MiB, %s)\n",
-                   o->host.c_str(), port, o->parallel, o->kv_mib, routing_desc.c_str());
+    std::fprintf(stderr, "elastic serve: listening on http://%s:%d (%s, %d slots, KV budget %.0f MiB, %s)\n",
+                 o->host.c_str(), port, gpu ? "cuda" : "cpu", o->parallel, so.kv_budget_bytes / 1048576.0,
+                 routing_desc.c_str());
     srv.serve();
   }});
 }

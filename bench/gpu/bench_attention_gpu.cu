@@ -182,20 +182,6 @@ void decode_table(const std::vector<int>& lengths, Timer& timer) {
   }
 }
 
-// Device-to-device copy rate, read + written bytes per second: the ceiling a decode step that reads its K/V once
-// can approach.
-double copy_gbs(Timer& timer) {
-  const size_t n = size_t(1) << 30;
-  void *a, *b;
-  ELASTIC_CUDA_CHECK(cudaMalloc(&a, n));
-  ELASTIC_CUDA_CHECK(cudaMalloc(&b, n));
-  ELASTIC_CUDA_CHECK(cudaMemset(a, 1, n));
-  const double ms = timer.median_ms([&] { ELASTIC_CUDA_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); }, 10);
-  ELASTIC_CUDA_CHECK(cudaFree(a));
-  ELASTIC_CUDA_CHECK(cudaFree(b));
-  return 2.0 * n / (ms * 1e-3) * 1e-9;
-}
-
 // Paged decode (Qwen3-4B attention shape, page 64): a batch of sequences, each with its lengths and routing laid
 // out by SequencePages as after a long decode; one launch of paged_decode_attention per layer. Batches 1, 8 and 32 at
 // each length, then 8 and 32 of mixed lengths; "of copy" is the roofline figure (K/V bytes over the measured copy rate). Batch 1 rows also
@@ -203,7 +189,7 @@ double copy_gbs(Timer& timer) {
 // per second against the measured copy rate.
 void paged_table(const std::vector<int>& lengths, Timer& timer) {
   const int Hq = 32, Hkv = 8, hd = 128, P = 64;
-  const double copy = copy_gbs(timer);
+  const double copy = copy_bandwidth_gbs();
   const int target_units = paged_target_units();  // the partial kernel's resident warps, as the GPU model plans
   std::printf("\ncopy (device to device, read + write): %.0f GB/s\n\n| batch | lengths | routing | units x keys |"
               " us/layer | K+V read GB/s | of copy |\n|---|---|---|---|---|---|---|\n", copy);

@@ -18,6 +18,10 @@ class BatchBackend {
   // True when each sequence's KV memory is allocated for it (the CPU's caches, sized by kv_cache_bytes_for), so
   // admission reserves bytes against a budget; false when the backend holds its memory already (the GPU's pages).
   virtual bool budgets_kv() const = 0;
+  // The most KV bytes a sequence under `routing` holds from a prefill of `prompt` positions until it reaches
+  // `capacity` positions: what admission reserves against the budget (a router's request reserves all full until
+  // its prefill has decided). The CPU's hybrid caches (kv_cache_bytes_for), the GPU's pages (pages_for).
+  virtual size_t kv_bytes_for(int prompt, int capacity, const RoutingTable& routing) const = 0;
   // Starts a sequence in free slot `slot` with room for `capacity` positions: prefill of `prompt` under `routing`,
   // or `router`'s decisions, in bounded steps, so the scheduler can run the other slots' decode steps between them
   // and a long prompt stalls them by one step: prefill_start, then prefill_step until it returns true (then the last
@@ -39,6 +43,7 @@ class BatchBackend {
   virtual AttentionStats figures(int slot) const = 0;
 };
 
+// The GPU model's slots are cuda::gpu_batch_backend (elastic/gpu_model.h).
 // The CPU model with `slots` slots, prefill in chunks of `prefill_chunk` (the model outlives the backend).
 std::unique_ptr<BatchBackend> cpu_batch_backend(const Model& m, int slots, int prefill_chunk);
 // One slot on a SequenceBackend.

@@ -32,6 +32,14 @@ class Gemm {
 
   size_t workspace_bytes() const { return ws_bytes_; }
 
+  // Row invariance (a server's batched decode): calls with M <= max_rows run the algorithm the heuristic picks for
+  // max_rows rows, whatever M is, so a row of Y gets the same bits alone and in any batch of up to max_rows (the
+  // heuristic's choice otherwise changes with M: another tiling or split-K, another summation order). 0 (the
+  // default) turns it off. Set before the first call; throws std::runtime_error naming the shape when the pinned
+  // algorithm does not run a smaller M.
+  void pin_rows(int max_rows);
+  int pinned_rows() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -38,6 +38,8 @@ struct QkvPostParams {
   float eps = 1e-6f;
   int T = 0, pos0 = 0;
   const int32_t* pos0_dev = nullptr;   // overrides pos0 when set
+  const int32_t* pos_dev = nullptr;    // [T] each row's own position (a decode step over a batch of sequences);
+                                       // overrides pos0 and pos0_dev when set
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;  // head_dim even, <= 256
   uint16_t* q_out = nullptr;           // [T, Hq, hd]
   uint16_t* k_out = nullptr;           // [>= pos0 + T, Hkv, hd]

@@ -41,8 +41,12 @@ std::string describe_paged_decode();
 // target_units), writes each head's unit_begin / unit_end, the units at units + l * max_units (unit.head indexes
 // the layer's slice) and their count at n_units[l]. A layer that would need more than max_units gets none (its
 // outputs are then NaN). paged_max_units (paged_decode.h) gives a max_units that is never exceeded.
+// seq_heads > 0 (a batch of sequences of seq_heads heads each, at most 256): each sequence is cut by its own total,
+// as it would be alone, so its units, and so its output bits, do not depend on the rest of the batch; max_units must
+// then bound the sum of the sequences' paged_max_units.
 void paged_decode_plan_device(PagedDecodeHead* heads, PagedDecodeUnit* units, int32_t* n_units, int n_layers,
-                              int n_kv_heads, int max_units, int target_units, cudaStream_t stream);
+                              int n_kv_heads, int max_units, int target_units, cudaStream_t stream,
+                              int seq_heads = 0);
 // Warps the partial kernel keeps resident on the current device: the target_units of paged_keys_per_unit.
 int paged_target_units();
 
@@ -55,6 +59,10 @@ void paged_append(const void* k_new, const void* v_new, const int64_t* rows, voi
 // page is -1 (a streaming head's positions that left its window).
 void paged_scatter(const void* src, int T, int n_kv_heads, int head_dim, const int32_t* page_map, int map_stride,
                    int page_size, void* pool, cudaStream_t stream);
+// Copies pages src[i] -> dst[i] (device int32 ids, n pairs, no id in both lists) of both pools: a sequence forked
+// into another slot.
+void paged_copy_pages(const int32_t* src, const int32_t* dst, int n, int page_size, int head_dim, void* k_pool,
+                      void* v_pool, cudaStream_t stream);
 // Probing: out [n_heads, n_pos] fp32 = softmax over t < n_pos of q_h . k_t / sqrt(head_dim) for one decode step's
 // queries q ([n_heads, head_dim] bf16), k_t row t of KV head (h / group)'s page list (heads[kvh].page_offset into
 // page_table; heads keeping every position, in position order, as full heads do).

@@ -72,6 +72,10 @@ class SequencePages {
   void release_unused();
   // Every page back to the pool (finish, cancel, disconnect); length() becomes 0.
   void release_all();
+  // Takes as many pages as `src` holds, head by head, for the same blocks and positions (src's routing must have the
+  // same shape; this sequence must be empty): after copying the pages' contents, a fork of src. All or nothing on
+  // OutOfPages. Returns the page pairs (src page, this page) in one list each, in the same order.
+  void copy_layout_from(const SequencePages& src, std::vector<int32_t>& src_pages, std::vector<int32_t>& own_pages);
 
   // The pool row (page * page_size + offset) that holds position pos of a head: where a backend writes the
   // position's key and value after grow(). Throws std::out_of_range when the head does not hold pos.

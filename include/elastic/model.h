@@ -61,6 +61,10 @@ struct KVCache {
   size_t bytes_all_full() const;  // what the cache would hold at its capacity were every head full
 };
 
+// Bytes KVCache::init(cfg, capacity, &routing) allocates (streaming heads keep sink + window): what a server
+// reserves against its KV budget for a CPU request of `capacity` positions.
+size_t kv_cache_bytes_for(const ModelConfig& cfg, int capacity, const RoutingTable& routing);
+
 // Decides a layer's head modes from the prompt's boundary-pooled key states (after k_norm, before RoPE).
 // The trained router (include/elastic/router.h) is one.
 struct PromptRouter {

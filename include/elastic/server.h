@@ -61,9 +61,6 @@ struct ServerOptions {
   std::shared_ptr<BatchBackend> batch_backend;
 };
 
-// Bytes KVCache::init(cfg, capacity, &routing) allocates (streaming heads keep sink + window): what the scheduler
-// reserves against the KV budget for a request of `capacity` positions.
-size_t kv_cache_bytes_for(const ModelConfig& cfg, int capacity, const RoutingTable& routing);
 
 class Server {
  public:

@@ -60,6 +60,7 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::map<Key, Plan> plans;
+  int pinned = 0;  // pin_rows
 
   static void destroy(Plan& p) {  // no-throw cleanup
     if (p.cd) cublasLtMatrixLayoutDestroy(p.cd);
@@ -90,7 +91,28 @@ struct Gemm::Impl {
                   alignment_of(bias),
                   nn ? 1 : 0};
     auto it = plans.find(key);
-    if (it == plans.end()) it = plans.emplace(key, make_plan(M, N, K, out_type, bias, X, W, Y, ws_bytes, nn)).first;
+    if (it == plans.end()) {
+      Plan p = make_plan(M, N, K, out_type, bias, X, W, Y, ws_bytes, nn);
+      if (pinned > 0 && M < pinned) {
+        // The algorithm of the same call with `pinned` rows (planned, and cached, under its own key).
+        Key at = key;
+        std::get<0>(at) = pinned;
+        auto pit = plans.find(at);
+        if (pit == plans.end())
+          pit = plans.emplace(at, make_plan(pinned, N, K, out_type, bias, X, W, Y, ws_bytes, nn)).first;
+        cublasLtMatmulHeuristicResult_t chk{};
+        const cublasStatus_t s =
+            cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.cd, p.cd, &pit->second.algo, &chk);
+        if (s != CUBLAS_STATUS_SUCCESS || chk.state != CUBLAS_STATUS_SUCCESS || chk.workspaceSize > ws_bytes) {
+          destroy(p);
+          throw std::runtime_error("cuBLASLt: the algorithm pinned for " + std::to_string(pinned) +
+                                   " rows does not run M " + std::to_string(M) + " N " + std::to_string(N) + " K " +
+                                   std::to_string(K) + " (" + cublasLtGetStatusName(s != CUBLAS_STATUS_SUCCESS ? s : chk.state) + ")");
+        }
+        p.algo = pit->second.algo;
+      }
+      it = plans.emplace(key, p).first;
+    }
     Plan& p = it->second;
     if (bias)  // the bias pointer lives in the descriptor; refresh it for this call (same alignment as planned)
       ELASTIC_LT_CHECK(
@@ -182,6 +204,14 @@ Gemm::Gemm(size_t workspace_bytes) : impl_(new Impl), ws_bytes_(workspace_bytes)
 }
 
 Gemm::~Gemm() = default;
+
+void Gemm::pin_rows(int max_rows) {
+  if (max_rows < 0) throw std::invalid_argument("Gemm::pin_rows: max_rows must be >= 0");
+  if (!impl_->plans.empty() && max_rows != impl_->pinned)
+    throw std::logic_error("Gemm::pin_rows: set before the first call (plans are cached)");
+  impl_->pinned = max_rows;
+}
+int Gemm::pinned_rows() const { return impl_->pinned; }
 
 void Gemm::bf16(const uint16_t* X, const uint16_t* W, uint16_t* Y, int M, int N, int K, cudaStream_t stream,
                 const uint16_t* bias, float beta) {

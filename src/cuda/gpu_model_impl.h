@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,37 +56,67 @@ struct GpuModel::Impl {
   DeviceBuffer logits;     // [kLogitRows, V] fp32
 
   // Paged KV memory (kv_pages.h): one pool of kPageSize-position pages (one KV head of one layer each) for K and one
-  // for V, sized for every head full at max_ctx; the current sequence holds, per layer, a SequencePages under that
-  // layer's routing (a router decides layer by layer), so a head holds exactly the pages its routing keeps.
+  // for V, shared by the model's slots: GpuOptions::kv_pool_bytes, or every slot's heads full at max_ctx. Each live
+  // sequence holds, per layer, a SequencePages under that layer's routing (a router decides layer by layer), so a
+  // head holds exactly the pages its routing keeps.
   static constexpr int kPageSize = 64;  // divides both sparse block sizes (64, 128)
   size_t page_bytes() const { return size_t(kPageSize) * c.head_dim * 2; }  // one page of one pool (K or V), bf16
   std::unique_ptr<PagePool> pages;
   DeviceBuffer k_pool, v_pool;           // [n_pages, kPageSize, hd] bf16
-  int pages_per_head = 0;                // ceil(max_ctx / kPageSize)
-  DeviceBuffer page_table;               // int32 [L * Hkv * pages_per_head] capacity: the heads' lists, concatenated
+  int pages_per_head = 0;                // ceil(max_ctx / kPageSize): a full head at max_ctx
+  DeviceBuffer page_table;               // int32 [n_pages]: every live head's list, concatenated (a page is in one)
   DeviceBuffer page_map;                 // int32 [Hkv * pages_per_head]: prefill's position page -> pool page
-  std::vector<int32_t> h_table, h_offsets;  // host copy of the uploaded lists and each head's offset in them
+  std::vector<int32_t> h_table;          // host copy of the uploaded lists
   bool tables_dirty = true;              // a page list changed since the last upload
 
-  // The current sequence.
-  RoutingTable routing;
-  int length = 0;
-  std::vector<std::unique_ptr<SequencePages>> seq;  // [L], each under a one-layer routing
+  // A sequence in one slot (GpuOptions::slots). seq is empty while the slot is free or its prefill runs.
+  struct Slot {
+    RoutingTable routing;
+    int length = 0;
+    std::vector<std::unique_ptr<SequencePages>> seq;  // [L], each under a one-layer routing
+    std::vector<int32_t> offsets;  // [L * Hkv]: each head's first entry in page_table (upload_tables)
+    bool live() const { return length > 0; }
+  };
+  std::vector<Slot> slots;
 
-  // Decode work: one token. The host writes one step block each step (one upload): d_io = {input id, next id, pos,
-  // n_pos}, then dec_heads (PagedDecodeHead [L * Hkv]: page_offset, kept; the device planner sets the unit ranges),
-  // then dec_rows (int64 [L * Hkv]: the pool row of the new position per head).
-  DeviceBuffer d_x, d_xn, d_qkv, d_q, d_k, d_v, d_attn, d_gu, d_act, d_ws;
+  // A prefill in steps (one chunk of one layer each), so a server can run the other slots' decode steps between
+  // them; one at a time (the prompt's residual stream and the layer's K/V scratch are one buffer each).
+  struct PrefillRun {
+    int slot = -1;  // -1: none running
+    int T = 0, l = 0, t0 = 0;  // the next step runs chunk [t0, t0 + chunk) of layer l
+    RoutingTable r;
+    const PromptRouter* router = nullptr;
+    std::vector<int> pool_pos;  // the router's boundary rows (empty without a router)
+    bool has_xattn = false;     // layer l has XAttention heads (set at its first chunk)
+    XAttnBlockLists lists;
+    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events;  // around each chunk's attention
+    std::chrono::steady_clock::time_point start;
+  } run;
+  void prefill_begin(int slot, const int32_t* ids, int T, const RoutingTable* fixed, const PromptRouter* router);
+  bool prefill_advance();   // one step; true when every layer is done
+  void prefill_end(std::vector<float>* logits, bool all_logits, GpuPrefillStats* stats);
+  void abort_prefill();     // drops a running prefill and the pages it took
+
+  // Decode work: one token for each of up to S = slots.size() sequences. The host writes one step block each step
+  // (one upload): d_io = {ids [S], next ids [S], positions [S], unused [S]}, then dec_heads (PagedDecodeHead
+  // [L * B * Hkv] for a batch of B: page_offset, kept; the device planner sets the unit ranges), then at a fixed
+  // offset dec_rows (int64 [L * B * Hkv]: the pool row of each head's new position). Layer l's heads and rows are
+  // entries [l * B * Hkv, (l + 1) * B * Hkv), sequence-major, as the kernels read one layer of a batch.
+  DeviceBuffer d_x, d_xn, d_qkv, d_q, d_k, d_v, d_attn, d_gu, d_act, d_ws;  // [S] rows each
   DeviceBuffer d_step;
   int32_t* d_io = nullptr;
   PagedDecodeHead* dec_heads = nullptr;
   int64_t* dec_rows = nullptr;
   std::vector<uint8_t> h_step;
-  DeviceBuffer dec_units, dec_n_units;   // PagedDecodeUnit [L * max_units], int32 [L]
-  int max_units = 0, target_units = 0;   // paged_max_units at max_ctx all full; paged_target_units()
-  int32_t h_next = 0;                    // the step's greedy token, read back
-  cudaGraphExec_t graph = nullptr;
-  int eager_steps = 0;
+  size_t rows_offset = 0;                // byte offset of dec_rows in the step block
+  DeviceBuffer dec_units, dec_n_units;   // PagedDecodeUnit [L * max_units(S)], int32 [L]
+  int target_units = 0;                  // paged_target_units()
+  int max_units(int B) const;            // paged_max_units for B sequences at max_ctx, all full
+  std::vector<int32_t> h_next;           // the step's greedy tokens, read back [S]
+  // One CUDA graph per batch size (index B), captured after one eager step of that size; the step block's layout
+  // depends on B only, so a graph serves any B slots.
+  std::vector<cudaGraphExec_t> graphs;
+  std::vector<int> eager_steps;
 
   // Probing step (last_row_attention): per layer, the step's attention weights go to probe_probs ([Hq, n_pos]
   // fp32) and from there to (*probe_out)[l]. Set only around one eager decode step; never captured.
@@ -101,11 +132,14 @@ struct GpuModel::Impl {
   ~Impl();
   void init_common();                       // plan, work buffers, stream, gemm (after weights are set)
   const uint16_t* head_weight() const { return (lm_head.ptr ? lm_head : embed).as<const uint16_t>(); }
-  void drop_graph();
-  void store_layer_pages(int l, const HeadMode* modes, const SparseSettings& s, int T);  // prefill: K/V into pages
-  void upload_tables();                     // the sequence's page lists into page_table
-  void prepare_step(int32_t id);            // host side of a decode step: pages, then the step block upload
-  void decode_body();                       // the captured part of a decode step
+  void drop_graphs();
+  Slot& slot_at(int slot);                  // throws std::out_of_range for a slot the model does not have
+  void store_layer_pages(Slot& s, int l, const HeadMode* modes, const SparseSettings& sp, int T);  // K/V into pages
+  void upload_tables();                     // every live sequence's page lists into page_table
+  // Host side of a decode step for B = batch.size() sequences: pages, then the step block upload.
+  void prepare_step(const std::vector<int>& batch, const std::vector<int32_t>& ids);
+  void decode_body(int B);                  // the captured part of a decode step
+  int probe_n_pos = 0;                      // positions a probing step attends (set with probe_out)
 };
 
 }  // namespace elastic::cuda

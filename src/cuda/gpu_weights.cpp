@@ -64,7 +64,8 @@ std::string gib(size_t b) {
 
 std::string GpuPlan::describe() const {
   std::ostringstream s;
-  s << "gpu plan: weights " << gib(weights) << " | kv page pool (all full) " << gib(kv_full) << " | prefill k/v "
+  s << "gpu plan: weights " << gib(weights) << " | kv page pool (" << slots << (slots == 1 ? " slot) " : " slots) ")
+    << gib(kv_pool) << " | prefill k/v "
     << gib(prefill_kv) << " | activations " << gib(activations) << " | xattn lists " << gib(xattn)
     << " | workspace " << gib(workspace) << " | total " << gib(total());
   if (!kernels.empty()) s << "\nkernels: " << kernels;
@@ -72,14 +73,16 @@ std::string GpuPlan::describe() const {
 }
 
 GpuModel::Impl::~Impl() {
-  drop_graph();
+  abort_prefill();
+  drop_graphs();
+  slots.clear();  // SequencePages give their pages back before the pool goes
   if (stream) cudaStreamDestroy(stream);
 }
 
-void GpuModel::Impl::drop_graph() {
-  if (graph) cudaGraphExecDestroy(graph);
-  graph = nullptr;
-  eager_steps = 0;
+void GpuModel::Impl::drop_graphs() {
+  for (cudaGraphExec_t& g : graphs)
+    if (g) cudaGraphExecDestroy(g), g = nullptr;
+  std::fill(eager_steps.begin(), eager_steps.end(), 0);
 }
 
 void GpuModel::Impl::init_common() {
@@ -91,26 +94,42 @@ void GpuModel::Impl::init_common() {
   const size_t ctx = o.max_ctx;
   ELASTIC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   gemm = std::make_unique<Gemm>();
+  if (o.batch_invariant) gemm->pin_rows(std::max(o.slots, 1));  // decode's M <= slots; prefill's chunks are larger
 
   // The plan, before allocating, so a plan that cannot fit fails with its numbers.
   plan.weights = embed.bytes + lm_head.bytes + final_norm.bytes;
   for (const GpuLayer& L : layers)
     plan.weights += L.attn_norm.bytes + L.w_qkv.bytes + L.b_qkv.bytes + L.q_norm.bytes + L.k_norm.bytes +
                     L.wo.bytes + L.mlp_norm.bytes + L.w_gu.bytes + L.w_down.bytes;
+  if (o.slots < 1 || o.slots > kLogitRows)
+    throw std::invalid_argument("gpu: slots must be in [1, " + std::to_string(kLogitRows) + "], got " +
+                                std::to_string(o.slots));
+  const int S = o.slots;
+  plan.slots = S;
   pages_per_head = static_cast<int>((ctx + kPageSize - 1) / kPageSize);
-  const int64_t n_pages = int64_t(c.n_layers) * Hkv * pages_per_head;
-  plan.kv_full = size_t(n_pages) * page_bytes() * 2;  // the K and V pools: every head full at max_ctx
+  const int64_t full_pages = int64_t(S) * c.n_layers * Hkv * pages_per_head;  // every slot's heads full at max_ctx
+  const int64_t n_pages = o.kv_pool_bytes ? int64_t(o.kv_pool_bytes / (page_bytes() * 2)) : full_pages;
+  if (n_pages < 1)
+    throw std::invalid_argument("gpu: a KV pool of " + std::to_string(o.kv_pool_bytes) + " bytes holds no page (one " +
+                                "page of K and V is " + std::to_string(page_bytes() * 2) + " bytes)");
+  if (n_pages > INT32_MAX) throw std::invalid_argument("gpu: the KV pool has more pages than int32 page ids allow");
+  plan.kv_pool = size_t(n_pages) * page_bytes() * 2;  // the K and V pools
   target_units = paged_target_units();
   if (!o.attention) o.attention = attention_config_from_env();  // read once: no launch reads the environment
-  plan.kernels = "attention " + describe_attention(*o.attention, Hq, Hkv) + "; decode " + describe_paged_decode();
-  max_units = paged_max_units(int64_t(Hkv) * pages_per_head * kPageSize, Hkv, target_units);
-  const size_t dec_ws = size_t(paged_decode_workspace_floats(max_units, Hq / Hkv, hd)) * 4;
-  const size_t step_bytes = 16 + size_t(c.n_layers) * Hkv * (sizeof(PagedDecodeHead) + sizeof(int64_t));
+  plan.kernels = "attention " + describe_attention(*o.attention, Hq, Hkv) + "; decode " + describe_paged_decode() +
+                 (o.batch_invariant ? ", batch-invariant (GEMM algorithms pinned to " + std::to_string(o.slots) +
+                                          " rows, units cut per sequence)"
+                                    : "");
+  const int mu = max_units(S);  // max_units grows with the batch: S's covers every batch size
+  const size_t dec_ws = size_t(paged_decode_workspace_floats(mu, Hq / Hkv, hd)) * 4;
+  const size_t step_heads = size_t(c.n_layers) * S * Hkv;
+  rows_offset = size_t(16) * S + step_heads * sizeof(PagedDecodeHead);  // a multiple of 8
+  const size_t step_bytes = rows_offset + step_heads * sizeof(int64_t);
   const size_t tables = size_t(n_pages + int64_t(Hkv) * pages_per_head) * 4 + step_bytes +
-                        size_t(c.n_layers) * (size_t(max_units) * sizeof(PagedDecodeUnit) + 4);
+                        size_t(c.n_layers) * (size_t(mu) * sizeof(PagedDecodeUnit) + 4);
   plan.prefill_kv = 2 * bf16s(ctx * Hkv * hd);
   const size_t chunk_act = bf16s(size_t(chunk) * (D + N + 2 * Hq * hd + 3 * F));
-  const size_t decode_act = bf16s(D * 2 + N + 2 * Hq * hd + 2 * Hkv * hd + 3 * F);
+  const size_t decode_act = bf16s(size_t(S) * (D * 2 + N + 2 * Hq * hd + 2 * Hkv * hd + 3 * F));
   plan.activations = ctx * 4 + bf16s(ctx * D) + chunk_act + size_t(kLogitRows) * V * 4 + decode_act;
   const int nb64 = (o.max_ctx + 63) / 64;
   plan.xattn = (size_t(xattn_list_capacity(Hq, nb64)) + 2 * size_t(Hq) * nb64) * 4;
@@ -135,15 +154,15 @@ void GpuModel::Impl::init_common() {
   pool.alloc(size_t(Hkv) * hd * 4);
   meta.alloc(sizeof(KVHeadMeta) * c.n_layers * Hkv);
   logits.alloc(size_t(kLogitRows) * V * 4);
-  d_x.alloc(bf16s(D));
-  d_xn.alloc(bf16s(D));
-  d_qkv.alloc(bf16s(N));
-  d_q.alloc(bf16s(Hq * hd));
-  d_k.alloc(bf16s(Hkv * hd));
-  d_v.alloc(bf16s(Hkv * hd));
-  d_attn.alloc(bf16s(Hq * hd));
-  d_gu.alloc(bf16s(2 * F));
-  d_act.alloc(bf16s(F));
+  d_x.alloc(bf16s(size_t(S) * D));
+  d_xn.alloc(bf16s(size_t(S) * D));
+  d_qkv.alloc(bf16s(size_t(S) * N));
+  d_q.alloc(bf16s(size_t(S) * Hq * hd));
+  d_k.alloc(bf16s(size_t(S) * Hkv * hd));
+  d_v.alloc(bf16s(size_t(S) * Hkv * hd));
+  d_attn.alloc(bf16s(size_t(S) * Hq * hd));
+  d_gu.alloc(bf16s(size_t(S) * 2 * F));
+  d_act.alloc(bf16s(size_t(S) * F));
   d_ws.alloc(dec_ws);
   pages = std::make_unique<PagePool>(n_pages, kPageSize);
   k_pool.alloc(size_t(n_pages) * page_bytes());
@@ -153,11 +172,15 @@ void GpuModel::Impl::init_common() {
   d_step.alloc(step_bytes);
   h_step.assign(step_bytes, 0);
   d_io = d_step.as<int32_t>();
-  dec_heads = reinterpret_cast<PagedDecodeHead*>(d_step.as<uint8_t>() + 16);
-  dec_rows = reinterpret_cast<int64_t*>(d_step.as<uint8_t>() + 16 + size_t(c.n_layers) * Hkv * sizeof(PagedDecodeHead));
-  dec_units.alloc(size_t(c.n_layers) * max_units * sizeof(PagedDecodeUnit));
+  dec_heads = reinterpret_cast<PagedDecodeHead*>(d_step.as<uint8_t>() + size_t(16) * S);
+  dec_rows = reinterpret_cast<int64_t*>(d_step.as<uint8_t>() + rows_offset);
+  dec_units.alloc(size_t(c.n_layers) * mu * sizeof(PagedDecodeUnit));
   dec_n_units.alloc(size_t(c.n_layers) * 4);
-  routing = RoutingTable::all_full(c.n_layers, Hkv);
+  h_next.assign(S, 0);
+  graphs.assign(size_t(S) + 1, nullptr);
+  eager_steps.assign(size_t(S) + 1, 0);
+  slots.resize(S);
+  for (Slot& sl : slots) sl.routing = RoutingTable::all_full(c.n_layers, Hkv);
 
   // RoPE frequencies as the CPU model computes them (llama3 scaling included).
   const std::vector<float> f = compute_rope_inv_freq(c);
@@ -169,24 +192,33 @@ GpuModel::GpuModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GpuModel::~GpuModel() = default;
 const ModelConfig& GpuModel::config() const { return impl_->c; }
 const GpuPlan& GpuModel::plan() const { return impl_->plan; }
-int GpuModel::length() const { return impl_->length; }
+int GpuModel::slots() const { return static_cast<int>(impl_->slots.size()); }
+int GpuModel::length(int slot) const { return impl_->slot_at(slot).length; }
 int GpuModel::max_ctx() const { return impl_->o.max_ctx; }
-size_t GpuModel::kv_bytes() const {
+size_t GpuModel::kv_bytes(int slot) const {
   size_t pages = 0;
-  for (const auto& sq : impl_->seq) pages += sq ? size_t(sq->pages_held()) : 0;
+  for (const auto& sq : impl_->slot_at(slot).seq) pages += sq ? size_t(sq->pages_held()) : 0;
   return pages * impl_->page_bytes() * 2;  // K and V
 }
-void GpuModel::release() {
-  impl_->drop_graph();  // the graph reads the page tables of this sequence
-  impl_->length = 0;
-  impl_->seq.clear();  // SequencePages return their pages to the pool
+void GpuModel::release(int slot) {
+  Impl& m = *impl_;
+  Impl::Slot& sl = m.slot_at(slot);
+  if (m.run.slot == slot) m.abort_prefill();
+  sl.length = 0;
+  sl.seq.clear();  // SequencePages return their pages to the pool
+  m.tables_dirty = true;
 }
 
-size_t GpuModel::kv_bytes_all_full() const {
-  const size_t pages_per_head = (size_t(impl_->length) + Impl::kPageSize - 1) / Impl::kPageSize;
+size_t GpuModel::kv_bytes_all_full(int slot) const {
+  const size_t pages_per_head = (size_t(impl_->slot_at(slot).length) + Impl::kPageSize - 1) / Impl::kPageSize;
   return size_t(impl_->c.n_layers) * impl_->c.n_kv_heads * pages_per_head * impl_->page_bytes() * 2;  // K and V
 }
-const RoutingTable& GpuModel::routing() const { return impl_->routing; }
+size_t GpuModel::kv_bytes_for(int prompt, int capacity, const RoutingTable& r) const {
+  // Prefill stores a layer a block at a time (store_layer_pages), then decode grows a position at a time.
+  return size_t(pages_for(r, Impl::kPageSize, prompt, r.sparse.block, capacity)) * impl_->page_bytes() * 2;
+}
+size_t GpuModel::kv_pool_bytes() const { return impl_->plan.kv_pool; }
+const RoutingTable& GpuModel::routing(int slot) const { return impl_->slot_at(slot).routing; }
 
 std::unique_ptr<GpuModel> GpuModel::upload(const Model& m, const GpuOptions& o) {
   check_shape(m.config);

@@ -172,7 +172,7 @@ void launch_rmsnorm(const uint16_t* x, uint16_t* residual, const uint16_t* w, ui
 __global__ void qkv_post_kernel(QkvPostParams p) {
   const int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
   const int hd = p.head_dim, half = hd / 2, Hq = p.n_heads, Hkv = p.n_kv_heads;
-  const int pos = (p.pos0_dev ? *p.pos0_dev : p.pos0) + t;
+  const int pos = p.pos_dev ? p.pos_dev[t] : (p.pos0_dev ? *p.pos0_dev : p.pos0) + t;
   const bool is_q = hh < Hq, active = i < half;
   const int kvh = hh - Hq;
   const size_t row = static_cast<size_t>(t) * (Hq + 2 * Hkv) * hd;
@@ -380,7 +380,7 @@ void qkv_post(const QkvPostParams& p, cudaStream_t stream) {
   need(p.n_heads + p.n_kv_heads <= 65535, fn, "n_heads + n_kv_heads must be <= 65535");
   need(p.head_dim > 0 && p.head_dim % 2 == 0 && p.head_dim <= 256, fn,
        "head_dim must be even and in [2, 256]" + got(p.head_dim));
-  need(p.pos0_dev || p.pos0 >= 0, fn, "pos0 must be >= 0" + got(p.pos0));
+  need(p.pos_dev || p.pos0_dev || p.pos0 >= 0, fn, "pos0 must be >= 0" + got(p.pos0));
   if (p.T == 0) return;
   need(p.qkv && p.inv_freq && p.q_out && p.k_out && p.v_out, fn, "null qkv, inv_freq, q_out, k_out or v_out");
   const int threads = std::max(32, (p.head_dim / 2 + 31) / 32 * 32);

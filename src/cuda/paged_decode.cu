@@ -216,35 +216,43 @@ __global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge(const Pag
   }
 }
 
+constexpr int kMaxPlanRuns = 256;  // sequences a planner launch cuts separately (GpuOptions::slots' bound)
+
 // One CTA per layer: thread 0 cuts the units per head (plan_paged_decode's loop), then every thread writes units.
+// seq_heads > 0: each run of seq_heads heads (one sequence) is cut by its own total, so a sequence's units do not
+// depend on the others in the batch; 0: one cut for the layer's heads together.
 __global__ void paged_plan_kernel(PagedDecodeHead* heads, PagedDecodeUnit* units, int32_t* n_units, int n_kv_heads,
-                                  int max_units, int target_units) {
+                                  int seq_heads, int max_units, int target_units) {
   const int l = blockIdx.x;
   PagedDecodeHead* H = heads + size_t(l) * n_kv_heads;
   PagedDecodeUnit* U = units + size_t(l) * max_units;
-  __shared__ int s_kpu, s_n;
+  __shared__ int s_n, s_kpu[kMaxPlanRuns];  // the cut of each run of heads
+  const int run = seq_heads > 0 ? seq_heads : n_kv_heads;
   if (threadIdx.x == 0) {
-    int64_t total = 0;
-    for (int h = 0; h < n_kv_heads; ++h) total += H[h].kept;
-    const int kpu = paged_keys_per_unit(total, target_units);
     int n = 0;
-    for (int h = 0; h < n_kv_heads; ++h) {
-      H[h].unit_begin = n;
-      n += (max(H[h].kept, 0) + kpu - 1) / kpu;
-      H[h].unit_end = n;
+    for (int h0 = 0; h0 < n_kv_heads; h0 += run) {
+      int64_t total = 0;
+      for (int h = h0; h < h0 + run && h < n_kv_heads; ++h) total += H[h].kept;
+      const int kpu = paged_keys_per_unit(total, target_units);
+      s_kpu[h0 / run] = kpu;
+      for (int h = h0; h < h0 + run && h < n_kv_heads; ++h) {
+        H[h].unit_begin = n;
+        n += (max(H[h].kept, 0) + kpu - 1) / kpu;
+        H[h].unit_end = n;
+      }
     }
     if (n > max_units) {  // never with paged_max_units; a bound too small gives NaN outputs, not a partial sum
       for (int h = 0; h < n_kv_heads; ++h) H[h].unit_begin = H[h].unit_end = 0;
       n = 0;
     }
-    s_kpu = kpu, s_n = n, n_units[l] = n;
+    s_n = n, n_units[l] = n;
   }
   __syncthreads();
   for (int i = threadIdx.x; i < s_n; i += blockDim.x) {
     int h = 0;
     while (H[h].unit_end <= i) ++h;
-    const int k0 = (i - H[h].unit_begin) * s_kpu;
-    U[i] = PagedDecodeUnit{h, k0, min(H[h].kept, k0 + s_kpu)};
+    const int kpu = s_kpu[h / run], k0 = (i - H[h].unit_begin) * kpu;
+    U[i] = PagedDecodeUnit{h, k0, min(H[h].kept, k0 + kpu)};
   }
 }
 
@@ -267,6 +275,16 @@ __global__ void paged_scatter_kernel(const uint4* src, int T, int n_kv_heads, in
   const int32_t page = page_map[size_t(h) * map_stride + t / page_size];
   if (page < 0) return;
   pool[(size_t(page) * page_size + t % page_size) * per_row + c] = src[i];
+}
+
+// One CTA per page pair: 16-byte copies of the page's K and V rows.
+__global__ void paged_copy_kernel(const int32_t* src, const int32_t* dst, int64_t page_uint4, uint4* k_pool,
+                                  uint4* v_pool) {
+  const int64_t s = int64_t(src[blockIdx.x]) * page_uint4, d = int64_t(dst[blockIdx.x]) * page_uint4;
+  for (int64_t i = threadIdx.x; i < page_uint4; i += blockDim.x) {
+    k_pool[d + i] = k_pool[s + i];
+    v_pool[d + i] = v_pool[s + i];
+  }
 }
 
 void bad(const std::string& what) { throw std::invalid_argument("paged_decode_attention: " + what); }
@@ -318,10 +336,14 @@ int paged_target_units() {
 }
 
 void paged_decode_plan_device(PagedDecodeHead* heads, PagedDecodeUnit* units, int32_t* n_units, int n_layers,
-                              int n_kv_heads, int max_units, int target_units, cudaStream_t stream) {
+                              int n_kv_heads, int max_units, int target_units, cudaStream_t stream, int seq_heads) {
   if (n_layers <= 0 || n_kv_heads <= 0 || max_units <= 0)
     throw std::invalid_argument("paged_decode_plan_device: n_layers, n_kv_heads and max_units must be > 0");
-  paged_plan_kernel<<<n_layers, 256, 0, stream>>>(heads, units, n_units, n_kv_heads, max_units, target_units);
+  if (seq_heads < 0 || (seq_heads > 0 && (n_kv_heads % seq_heads || n_kv_heads / seq_heads > kMaxPlanRuns)))
+    throw std::invalid_argument("paged_decode_plan_device: seq_heads must be 0 or divide n_kv_heads into at most " +
+                                std::to_string(kMaxPlanRuns) + " sequences");
+  paged_plan_kernel<<<n_layers, 256, 0, stream>>>(heads, units, n_units, n_kv_heads, seq_heads, max_units,
+                                                  target_units);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -344,6 +366,16 @@ void paged_scatter(const void* src, int T, int n_kv_heads, int head_dim, const i
   paged_scatter_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
       static_cast<const uint4*>(src), T, n_kv_heads, head_dim, page_map, map_stride, page_size,
       static_cast<uint4*>(pool));
+  ELASTIC_CUDA_CHECK(cudaGetLastError());
+}
+
+void paged_copy_pages(const int32_t* src, const int32_t* dst, int n, int page_size, int head_dim, void* k_pool,
+                      void* v_pool, cudaStream_t stream) {
+  if (head_dim % 8 || head_dim <= 0 || page_size <= 0 || n < 0)
+    throw std::invalid_argument("paged_copy_pages: head_dim must be a positive multiple of 8, page_size positive");
+  if (n == 0) return;
+  paged_copy_kernel<<<n, 256, 0, stream>>>(src, dst, int64_t(page_size) * head_dim / 8, static_cast<uint4*>(k_pool),
+                                           static_cast<uint4*>(v_pool));
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 

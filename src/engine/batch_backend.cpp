@@ -20,6 +20,9 @@ class CpuBatchBackend : public BatchBackend {
   }
   int slots() const override { return static_cast<int>(seqs_.size()); }
   bool budgets_kv() const override { return true; }
+  size_t kv_bytes_for(int, int capacity, const RoutingTable& routing) const override {
+    return kv_cache_bytes_for(m_.config, capacity, routing);  // allocated whole at prefill_start
+  }
 
   void prefill_start(int slot, const std::vector<int32_t>& prompt, int capacity, const RoutingTable* routing,
                      const PromptRouter* router) override {
@@ -86,7 +89,7 @@ class SingleSlotBackend : public BatchBackend {
   }
   int slots() const override { return 1; }
   bool budgets_kv() const override { return false; }
-
+  size_t kv_bytes_for(int, int, const RoutingTable&) const override { return 0; }  // held up front
 
   void prefill_start(int slot, const std::vector<int32_t>& prompt, int capacity, const RoutingTable* routing,
                      const PromptRouter* router) override {

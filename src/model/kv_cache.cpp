@@ -9,6 +9,15 @@
 
 namespace elastic {
 
+size_t kv_cache_bytes_for(const ModelConfig& cfg, int capacity, const RoutingTable& r) {
+  // KVCache's slot count per head (pattern_cache_slots; checked against KVCache in the tests).
+  size_t slots = 0;
+  const size_t n = static_cast<size_t>(cfg.n_layers) * cfg.n_kv_heads;
+  for (size_t i = 0; i < n; ++i)
+    slots += i < r.mode.size() ? static_cast<size_t>(pattern_cache_slots(r.mode[i], r.sparse, capacity)) : capacity;
+  return slots * cfg.head_dim * sizeof(float) * 2;  // keys and values
+}
+
 void KVCache::init_deferred(const ModelConfig& cfg, int cap) {
   if (cap < 0) throw std::invalid_argument("KV cache: negative capacity " + std::to_string(cap));
   n_layers = cfg.n_layers;

@@ -143,6 +143,35 @@ void SequencePages::release_all() {
   length_ = 0;
 }
 
+void SequencePages::copy_layout_from(const SequencePages& src, std::vector<int32_t>& src_pages,
+                                     std::vector<int32_t>& own_pages) {
+  if (length_ != 0) bad("copy_layout_from: the sequence is not empty");
+  if (src.heads_.size() != heads_.size() || src.routing_.sparse.block != routing_.sparse.block)
+    bad("copy_layout_from: the source has another shape or block");
+  src_pages.clear();
+  own_pages.clear();
+  try {
+    for (size_t i = 0; i < heads_.size(); ++i) {
+      const HeadPages& a = src.heads_[i];
+      HeadPages& h = heads_[i];
+      for (size_t j = 0; j < a.pages.size(); ++j) {
+        h.pages.push_back(pool_.allocate());
+        h.page_block.push_back(a.page_block[j]);
+        src_pages.push_back(a.pages[j]);
+        own_pages.push_back(h.pages.back());
+      }
+      h.kept = a.kept;
+      h.mode = a.mode;
+    }
+  } catch (const OutOfPages&) {
+    release_all();  // all or nothing
+    src_pages.clear();
+    own_pages.clear();
+    throw;
+  }
+  length_ = src.length_;
+}
+
 int64_t SequencePages::row(int layer, int kv_head, int pos) const {
   if (layer < 0 || layer >= routing_.n_layers || kv_head < 0 || kv_head >= n_kv_heads_ || pos < 0 || pos >= length_)
     throw std::out_of_range("KV pages: no layer " + std::to_string(layer) + ", KV head " + std::to_string(kv_head) +

@@ -869,8 +869,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   job->stop = spec.stop;
   job->stop_at_eos = !spec.ignore_eos;
   job->capacity = n + max_tokens;
-  job->kv_bytes = kv_cache_bytes_for(c, job->capacity, job->routing);
-  sched->submit(job);
+  sched->submit(job);  // reserves job->kv_bytes by its backend's rule
 
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
   const long created = std::time(nullptr);

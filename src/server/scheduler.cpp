@@ -1,27 +1,13 @@
 // The batching scheduler: one engine thread owns a BatchBackend (batch_backend.h). Requests wait in a FIFO queue
 // until a slot and, where the backend allocates per sequence, their KV bytes fit; each admitted request is prefilled
 // alone (its own routing and memory), then the decode steps of all running requests run together. The CPU model's
-// backend batches them (decode_batch); a SequenceBackend (the GPU model) is one slot.
+// backend batches them (decode_batch), the GPU model's too (GpuModel::decode_batch); a SequenceBackend is one slot.
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdio>
 
-#include "elastic/sparse_pattern.h"
 #include "server/server_internal.h"
-
-namespace elastic {
-
-size_t kv_cache_bytes_for(const ModelConfig& cfg, int capacity, const RoutingTable& r) {
-  // KVCache's slot count per head (pattern_cache_slots; checked against KVCache in the tests).
-  size_t slots = 0;
-  const size_t n = static_cast<size_t>(cfg.n_layers) * cfg.n_kv_heads;
-  for (size_t i = 0; i < n; ++i)
-    slots += i < r.mode.size() ? static_cast<size_t>(pattern_cache_slots(r.mode[i], r.sparse, capacity)) : capacity;
-  return slots * cfg.head_dim * sizeof(float) * 2;  // keys and values
-}
-
-}  // namespace elastic
 
 namespace elastic::server {
 
@@ -110,6 +96,7 @@ void Scheduler::stop() {
 }
 
 void Scheduler::submit(const std::shared_ptr<Job>& job) {
+  job->kv_bytes = be_->kv_bytes_for(static_cast<int>(job->prompt.size()), job->capacity, job->routing);
   // A backend that holds its memory up front is limited by the context (checked by the HTTP side), not the budget.
   if (be_->budgets_kv() && job->kv_bytes > o_.kv_budget_bytes)
     throw ApiError(400,
@@ -387,8 +374,9 @@ void Scheduler::loop() {
           }
           if (last) {
             j.routing = used;
-            // The reservation becomes what the sequence holds (a router sizes each layer as it decides).
-            if (const size_t kb = be_->kv_bytes(a.slot)) {
+            // The reservation becomes what the sequence can hold under the routing it ran (a router's request reserved
+            // all full until now).
+            if (const size_t kb = be_->kv_bytes_for(static_cast<int>(j.prompt.size()), j.capacity, used)) {
               std::lock_guard g(mu_);
               kv_in_use_ = kv_in_use_ - j.kv_bytes + kb;
               j.kv_bytes = kb;
