@@ -3,12 +3,15 @@
 
 Sends up to --requests completion requests from --concurrency threads, stops early after --seconds, and prints
 requests/s, tokens/s and latency percentiles (p50/p90/p99). With --stream it reads SSE streams and also reports
-time to first token. Exits non-zero when any request failed.
+time to first token and the gaps between streamed tokens (inter-token latency). --prompt-tokens N sends prompts of N
+random token ids (seeded, one prompt per request: long prompts without a text file); --json prints one JSON object
+with every figure instead. Exits non-zero when any request failed.
 
   python3 scripts/load_test.py --url http://127.0.0.1:8080 --requests 64 --concurrency 8 --max-tokens 32
 """
 import argparse
 import json
+import random
 import sys
 import threading
 import time
@@ -26,14 +29,19 @@ def percentile(xs, p):
 
 
 def one_request(args, i):
-    """Returns (ok, latency_s, ttft_s or None, completion_tokens, error text)."""
+    """Returns (ok, latency_s, ttft_s or None, completion_tokens, error text, inter-token gaps)."""
+    if args.prompt_tokens:
+        rng = random.Random(args.seed * 1000003 + i)
+        prompt = [rng.randrange(args.id_low, args.vocab) for _ in range(args.prompt_tokens)]
+    else:
+        prompt = args.prompt + " " + str(i)
     body = {
-        "prompt": args.prompt + " " + str(i),
+        "prompt": prompt,
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
         "stream": args.stream,
     }
-    if args.chat:
+    if args.chat and not args.prompt_tokens:
         body["messages"] = [{"role": "user", "content": body.pop("prompt")}]
     path = "/v1/chat/completions" if args.chat else "/v1/completions"
     req = urllib.request.Request(args.url.rstrip("/") + path, data=json.dumps(body).encode(),
@@ -41,6 +49,8 @@ def one_request(args, i):
     t0 = time.perf_counter()
     ttft = None
     tokens = 0
+    gaps = []
+    last = None
     try:
         with urllib.request.urlopen(req, timeout=args.timeout) as r:
             if not args.stream:
@@ -56,17 +66,22 @@ def one_request(args, i):
                         break
                     ev = json.loads(data)
                     if "error" in ev:
-                        return False, time.perf_counter() - t0, None, 0, ev["error"].get("message", "error")
+                        return False, time.perf_counter() - t0, None, 0, ev["error"].get("message", "error"), []
                     ch = (ev.get("choices") or [{}])[0]
-                    if ttft is None and (ch.get("text") or (ch.get("delta") or {}).get("content")):
-                        ttft = time.perf_counter() - t0  # first text, not the opening role chunk
+                    if "text" in ch or (ch.get("delta") or {}).get("content") is not None:
+                        now = time.perf_counter()
+                        if ttft is None:
+                            ttft = now - t0  # first token event, not the opening role chunk
+                        else:
+                            gaps.append(now - last)
+                        last = now
                     if "usage" in ev:
                         tokens = ev["usage"].get("completion_tokens", 0)
     except urllib.error.HTTPError as e:
-        return False, time.perf_counter() - t0, None, 0, "HTTP %d: %s" % (e.code, e.read()[:200].decode("utf-8", "replace"))
+        return False, time.perf_counter() - t0, None, 0, "HTTP %d: %s" % (e.code, e.read()[:200].decode("utf-8", "replace")), []
     except Exception as e:  # connection refused, timeout, bad JSON
-        return False, time.perf_counter() - t0, None, 0, repr(e)
-    return True, time.perf_counter() - t0, ttft, tokens, ""
+        return False, time.perf_counter() - t0, None, 0, repr(e), []
+    return True, time.perf_counter() - t0, ttft, tokens, "", gaps
 
 
 def main():
@@ -81,9 +96,16 @@ def main():
     ap.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
     ap.add_argument("--stream", action="store_true", help="stream (SSE) and report time to first token")
     ap.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
+    ap.add_argument("--prompt-tokens", type=int, default=0, help="prompts of this many random token ids")
+    ap.add_argument("--vocab", type=int, default=49152, help="token ids are drawn below this (the model's vocabulary)")
+    ap.add_argument("--id-low", type=int, default=100, help="and at or above this (past the special tokens)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = ap.parse_args()
     if args.requests < 1 or args.concurrency < 1 or args.seconds <= 0:
         ap.error("--requests, --concurrency and --seconds must be positive")
+    if args.prompt_tokens < 0 or (args.prompt_tokens and not 0 <= args.id_low < args.vocab):
+        ap.error("--prompt-tokens must be >= 0 and --id-low below --vocab")
 
     lock = threading.Lock()
     next_i = [0]
@@ -114,6 +136,17 @@ def main():
     lat = [r[1] for r in ok]
     ttft = [r[2] for r in ok if r[2] is not None]
     toks = sum(r[3] for r in ok)
+    itl = [g for r in ok for g in r[5]]
+    if args.json:
+        print(json.dumps({
+            "sent": len(results), "ok": len(ok), "failed": len(bad), "wall_s": wall,
+            "requests_per_s": len(ok) / wall, "completion_tokens_per_s": toks / wall,
+            "concurrency": args.concurrency, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
+            "latency_p50": percentile(lat, 50), "latency_p99": percentile(lat, 99),
+            "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+            "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99),
+            "errors": [r[4] for r in bad[:5]]}))
+        return 1 if bad or not results else 0
     print("requests: %d sent, %d ok, %d failed in %.2f s" % (len(results), len(ok), len(bad), wall))
     print("throughput: %.2f requests/s, %.1f completion tokens/s" % (len(ok) / wall, toks / wall))
     print("latency s: p50 %.3f | p90 %.3f | p99 %.3f | max %.3f" % (
@@ -121,6 +154,9 @@ def main():
     if ttft:
         print("time to first token s: p50 %.3f | p90 %.3f | p99 %.3f" % (
             percentile(ttft, 50), percentile(ttft, 90), percentile(ttft, 99)))
+    if itl:
+        print("inter-token latency s: p50 %.4f | p90 %.4f | p99 %.4f" % (
+            percentile(itl, 50), percentile(itl, 90), percentile(itl, 99)))
     for r in bad[:5]:
         print("failed: " + r[4], file=sys.stderr)
     return 1 if bad or not results else 0

@@ -93,6 +93,7 @@ printf 'T,ours\n0,1\n' > $TMP/zero.csv
 expect_fail "--log2-x needs x > 0" $BIN plot $TMP/zero.csv -o $TMP/z.svg --y-label y --log2-x
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
 expect_fail "--batch, --kv-pool-gib and --batch-invariant need --device cuda" $BIN bench --batch 8
+expect_fail "--shape (random weights) needs --device cuda" $BIN serve --shape qwen3-4b
 expect_fail "--attn-kernel" $BIN bench --device cuda --attn-kernel fastest
 expect_fail "--text needs -m" $BIN bench --text /etc/hostname -c 128
 expect_fail "--density counts blocks on the CPU" $BIN bench --device cuda --density $TMP/d.md -c 128

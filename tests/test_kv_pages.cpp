@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <set>
 
@@ -128,6 +129,47 @@ TEST(SequencePages, OutOfPagesIsAllOrNothing) {
   EXPECT_THROW(SequencePages(pool, routing(1, 2, {HeadMode::Full, HeadMode::Full}, 48)), std::invalid_argument);
   seq.grow(10);
   EXPECT_THROW(seq.grow(5), std::invalid_argument);  // positions are appended, never taken back by grow
+}
+
+// The GPU model's schedule (one layer's prefill after another, each in block-sized grows, then decode steps that
+// release at block starts and grow every layer by one): its peak pool use is pages_for_layer_major, which is not
+// pages_for's token-major count: above it where earlier layers sit at their final size while a later one peaks, below
+// it where later layers are still empty.
+TEST(SequencePages, LayerMajorPeakIsPagesForLayerMajor) {
+  bool above = false;
+  for (const int B : {64, 128})
+    for (const int prompt : {60, 448, 700})
+      for (const int more : {0, 300}) {
+      SCOPED_TRACE("block " + std::to_string(B) + ", prompt " + std::to_string(prompt) + " + " + std::to_string(more));
+      RoutingTable r = routing(3, 2, {HeadMode::Full, HeadMode::Full, HeadMode::Streaming, kStrided,
+                                      HeadMode::Streaming, HeadMode::Streaming}, B, B, 2 * B);
+      const int n_pos = prompt + more, P = 64;
+      PagePool pool(100000, P);
+      int64_t most = 0;
+      {
+        std::vector<std::unique_ptr<SequencePages>> layers;
+        for (int l = 0; l < 3; ++l) {
+          RoutingTable lr = RoutingTable::all_full(1, 2);
+          lr.mode = {r.at(l, 0), r.at(l, 1)};
+          lr.sparse = r.sparse;
+          layers.push_back(std::make_unique<SequencePages>(pool, lr));
+          for (int c0 = 0; c0 < prompt; c0 += B) {
+            layers[l]->grow(std::min(prompt, c0 + B));
+            most = std::max(most, pool.used_pages());
+            layers[l]->release_unused();
+          }
+        }
+        for (int n = prompt; n < n_pos; ++n)
+          for (auto& sq : layers) {
+            if (n % B == 0) sq->release_unused();
+            sq->grow(n + 1);
+            most = std::max(most, pool.used_pages());
+          }
+      }
+      EXPECT_EQ(most, pages_for_layer_major(r, P, prompt, B, n_pos));
+      above |= pages_for_layer_major(r, P, prompt, B, n_pos) > pages_for(r, P, prompt, B, n_pos);
+      }
+  EXPECT_TRUE(above) << "some case where the layer-major peak exceeds pages_for";
 }
 
 // A fork: a sequence that decoded past a block boundary (a streaming head's window moved) is copied into fresh

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli_common.h"
+#include "elastic/model_shapes.h"
 #include "elastic/sparse_pattern.h"
 #include "elastic/router.h"
 #include "elastic/server.h"
@@ -15,7 +16,7 @@ namespace elastic::cli {
 
 void add_serve_command(CLI::App& app, Commands& cmds) {
   struct Opts {
-    std::string model, host = "127.0.0.1", tok, routing, mode, name, router, device = "cpu";
+    std::string model, host = "127.0.0.1", tok, routing, mode, name, router, device = "cpu", shape;
     int port = 8080, ctx = 0, threads = 0, parallel = 4;
     double kv_mib = 1024, body_mib = 1;
     int max_conns = ServerOptions{}.max_connections;
@@ -27,6 +28,10 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with per-request routing");
   add_model_option(sub, o->model);
+  sub->add_option("--shape", o->shape,
+                  "cuda only, instead of -m: random bf16 weights of a named shape (throughput runs: prompts are token "
+                  "ids, no tokenizer)")
+      ->check(CLI::IsMember(named_shape_names()));
   sub->add_option("--host", o->host, "Address to listen on");
   sub->add_option("--port", o->port, "Port (0 = any free port)")->check(CLI::Range(0, 65535));
   sub->add_option("-c,--ctx-size", o->ctx, "Max prompt + max_tokens per request (default: the model's)")
@@ -63,12 +68,16 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   auto* budget_opt = sub->get_option("--kv-budget-mib");
   cmds.push_back({sub, [o, budget_opt] {
-    resolve_model(o->model, "serve");
     const bool gpu = o->device == "cuda";
+    if (!o->shape.empty() && (!gpu || !o->model.empty()))
+      throw std::runtime_error("serve: --shape (random weights) needs --device cuda and no -m");
+    if (o->shape.empty()) resolve_model(o->model, "serve");
 #ifndef ELASTIC_HAVE_CUDA
     if (gpu) no_cuda_backend("serve");
 #endif
-    Model m = Model::load(o->model);
+    Model m;
+    if (o->shape.empty()) m = Model::load(o->model);
+    else m.config = named_shape(o->shape);  // the weights are made on the device
     if (!o->router.empty() && (!o->routing.empty() || !o->mode.empty()))
       throw std::runtime_error("serve: give --router or --routing/--mode, not both");
     ServerOptions so;
@@ -99,7 +108,7 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
       go.batch_invariant = true;  // a request answers what it would alone, at any --parallel (docs/SERVER.md)
       // The page pool is the KV budget: --kv-budget-mib when given, else every slot's heads full at -c.
       if (budget_opt->count()) go.kv_pool_bytes = so.kv_budget_bytes;
-      g = cuda::GpuModel::upload(m, go);
+      g = o->shape.empty() ? cuda::GpuModel::upload(m, go) : cuda::GpuModel::random(m.config, go, 1);
       std::fprintf(stderr, "%s\n", g->plan().describe().c_str());
       so.batch_backend = cuda::gpu_batch_backend(*g);
       so.kv_budget_bytes = g->kv_pool_bytes();
@@ -107,7 +116,7 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     }
 #endif
     const std::string routing_desc = so.policy.router ? "per-request router " + o->router : so.policy.describe();
-    Server srv(std::move(m), o->model, so);
+    Server srv(std::move(m), o->shape.empty() ? o->model : "random-" + o->shape, so);
     const int port = srv.bind();
     std::fprintf(stderr, "elastic serve: listening on http://%s:%d (%s, %d slots, KV budget %.0f MiB, %s)\n",
                  o->host.c_str(), port, gpu ? "cuda" : "cpu", o->parallel, so.kv_budget_bytes / 1048576.0,

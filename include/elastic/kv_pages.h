@@ -97,5 +97,10 @@ class SequencePages {
 // chunk) and then decodes up to `n_pos` positions in all: what admission reserves. Exact for the schedule
 // grow(chunk end or next position) -> attention -> release_unused() that SequencePages is used with.
 int64_t pages_for(const RoutingTable& routing, int page_size, int prompt, int chunk, int n_pos);
+// The same for a layer-major prefill (the GPU model's: every chunk of layer l, each grow followed by release_unused,
+// then layer l + 1, the layers before it holding what they keep for the query at `prompt`), then decode steps that
+// move every layer together. Not pages_for's count: earlier layers sit at their final size while a later one is at
+// its peak (more), and later layers hold nothing yet (less).
+int64_t pages_for_layer_major(const RoutingTable& routing, int page_size, int prompt, int chunk, int n_pos);
 
 }  // namespace elastic

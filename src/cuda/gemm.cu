@@ -98,8 +98,14 @@ struct Gemm::Impl {
         Key at = key;
         std::get<0>(at) = pinned;
         auto pit = plans.find(at);
-        if (pit == plans.end())
-          pit = plans.emplace(at, make_plan(pinned, N, K, out_type, bias, X, W, Y, ws_bytes, nn)).first;
+        if (pit == plans.end()) {
+          try {
+            pit = plans.emplace(at, make_plan(pinned, N, K, out_type, bias, X, W, Y, ws_bytes, nn)).first;
+          } catch (...) {
+            destroy(p);
+            throw;
+          }
+        }
         cublasLtMatmulHeuristicResult_t chk{};
         const cublasStatus_t s =
             cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.cd, p.cd, &pit->second.algo, &chk);

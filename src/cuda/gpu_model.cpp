@@ -369,11 +369,22 @@ void GpuModel::prefill_begin(int slot, const int32_t* ids, int T, const RoutingT
   // The current device is per host thread: a caller on another thread than upload()'s (the server's engine thread)
   // must still run on this model's device.
   ELASTIC_CUDA_CHECK(cudaSetDevice(impl_->o.device));
-  impl_->prefill_begin(slot, ids, T, routing, router);
+  Impl& m = *impl_;
+  if (m.run.slot >= 0 && m.run.slot != slot)  // refused before anything changes: the running prefill goes on
+    throw std::logic_error("gpu prefill: slot " + std::to_string(m.run.slot) + "'s prefill is still running");
+  try {
+    m.prefill_begin(slot, ids, T, routing, router);
+  } catch (...) {
+    if (m.run.slot == slot) m.abort_prefill();  // a copy or launch that failed after the slot was taken
+    throw;
+  }
 }
 
 bool GpuModel::prefill_step() {
   ELASTIC_CUDA_CHECK(cudaSetDevice(impl_->o.device));
+  if (impl_->run.slot < 0) throw std::logic_error("gpu prefill_step: no prefill is running");
+  if (impl_->run.l >= impl_->c.n_layers)
+    throw std::logic_error("gpu prefill_step: the prefill has finished (call prefill_end)");
   try {
     return impl_->prefill_advance();
   } catch (...) {
@@ -384,6 +395,8 @@ bool GpuModel::prefill_step() {
 
 void GpuModel::prefill_end(std::vector<float>* logits, bool all_logits, GpuPrefillStats* stats) {
   ELASTIC_CUDA_CHECK(cudaSetDevice(impl_->o.device));
+  if (impl_->run.slot < 0 || impl_->run.l < impl_->c.n_layers)  // a misuse keeps the running prefill
+    throw std::logic_error("gpu prefill_end: the prefill has not finished");
   try {
     impl_->prefill_end(logits, all_logits, stats);
   } catch (...) {
@@ -419,7 +432,7 @@ void GpuModel::fork(int from, int to) {
     throw;
   }
   // Through page_map-sized chunks of device memory: the id lists go up in pieces the map buffer holds.
-  const size_t cap = m.page_map.bytes / 8;  // pairs per piece (src ids then dst ids in one buffer)
+  const size_t cap = m.page_map.bytes / 8;  // pairs per piece (src ids then dst ids in one buffer); >= 1 (init_common)
   for (size_t i = 0; i < from_pages.size(); i += cap) {
     const size_t k = std::min(cap, from_pages.size() - i);
     int32_t* d = m.page_map.as<int32_t>();

@@ -168,7 +168,7 @@ void GpuModel::Impl::init_common() {
   k_pool.alloc(size_t(n_pages) * page_bytes());
   v_pool.alloc(size_t(n_pages) * page_bytes());
   page_table.alloc(size_t(n_pages) * 4);
-  page_map.alloc(size_t(Hkv) * pages_per_head * 4);
+  page_map.alloc(std::max<size_t>(2, size_t(Hkv) * pages_per_head) * 4);  // fork's scratch too: a pair at least
   d_step.alloc(step_bytes);
   h_step.assign(step_bytes, 0);
   d_io = d_step.as<int32_t>();
@@ -214,8 +214,9 @@ size_t GpuModel::kv_bytes_all_full(int slot) const {
   return size_t(impl_->c.n_layers) * impl_->c.n_kv_heads * pages_per_head * impl_->page_bytes() * 2;  // K and V
 }
 size_t GpuModel::kv_bytes_for(int prompt, int capacity, const RoutingTable& r) const {
-  // Prefill stores a layer a block at a time (store_layer_pages), then decode grows a position at a time.
-  return size_t(pages_for(r, Impl::kPageSize, prompt, r.sparse.block, capacity)) * impl_->page_bytes() * 2;
+  // Prefill stores one layer after another, each a block at a time (store_layer_pages); decode grows a position at
+  // a time.
+  return size_t(pages_for_layer_major(r, Impl::kPageSize, prompt, r.sparse.block, capacity)) * impl_->page_bytes() * 2;
 }
 size_t GpuModel::kv_pool_bytes() const { return impl_->plan.kv_pool; }
 const RoutingTable& GpuModel::routing(int slot) const { return impl_->slot_at(slot).routing; }

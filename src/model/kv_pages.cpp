@@ -23,6 +23,28 @@ int64_t held_pages(HeadMode m, const SparseSettings& s, int P, int c0, int c1) {
   return pages;
 }
 
+// Pages every head of `routing` holds after growing from c0 to c1 (held_pages summed, heads of a mode counted once).
+int64_t all_heads_at(const RoutingTable& routing, int P, int c0, int c1) {
+  std::vector<int64_t> heads_of(n_sparse_patterns(), 0);
+  for (const HeadMode m : routing.mode) heads_of.at(static_cast<size_t>(m)) += 1;
+  int64_t pages = 0;
+  for (size_t m = 0; m < heads_of.size(); ++m)
+    if (heads_of[m]) pages += heads_of[m] * held_pages(static_cast<HeadMode>(m), routing.sparse, P, c0, c1);
+  return pages;
+}
+
+// The most pages decode steps from `prompt` to `n_pos` positions hold (0 without steps): within a block a head's
+// pages only grow; a new block can only drop blocks (patterns are monotone, sparse_pattern.h), and a head's count at
+// each block's last position never shrinks from block to block. So the most is at the last step or at the last
+// position of the block before it.
+int64_t decode_peak(const RoutingTable& routing, int P, int prompt, int n_pos) {
+  if (n_pos <= prompt) return 0;
+  const int last = n_pos - 1, prev = last / routing.sparse.block * routing.sparse.block - 1;
+  int64_t most = all_heads_at(routing, P, last, last + 1);
+  if (prev >= prompt) most = std::max(most, all_heads_at(routing, P, prev, prev + 1));
+  return most;
+}
+
 }  // namespace
 
 PagePool::PagePool(int64_t n_pages, int page_size) : n_pages_(n_pages), page_size_(page_size) {
@@ -201,25 +223,32 @@ int64_t pages_for(const RoutingTable& routing, int page_size, int prompt, int ch
     bad("pages_for: prompt " + std::to_string(prompt) + " and n_pos " + std::to_string(n_pos) + " (need 1 <= prompt <= n_pos)");
   if (page_size < 16 || routing.sparse.block % page_size) bad("pages_for: block not a multiple of the page size");
   const int step = chunk > 0 ? chunk : prompt;
-  std::vector<int64_t> heads_of(n_sparse_patterns(), 0);
-  for (const HeadMode m : routing.mode) heads_of.at(static_cast<size_t>(m)) += 1;
   int64_t most = 0;
-  auto at = [&](int c0, int c1) {
+  for (int c0 = 0; c0 < prompt; c0 += step) most = std::max(most, all_heads_at(routing, page_size, c0, std::min(prompt, c0 + step)));
+  return std::max(most, decode_peak(routing, page_size, prompt, n_pos));
+}
+
+int64_t pages_for_layer_major(const RoutingTable& routing, int page_size, int prompt, int chunk, int n_pos) {
+  if (prompt < 1 || n_pos < prompt)
+    bad("pages_for_layer_major: prompt " + std::to_string(prompt) + " and n_pos " + std::to_string(n_pos) +
+        " (need 1 <= prompt <= n_pos)");
+  if (page_size < 16 || routing.sparse.block % page_size) bad("pages_for_layer_major: block not a multiple of the page size");
+  const int step = chunk > 0 ? chunk : prompt, H = routing.n_kv_heads;
+  auto layer_at = [&](int l, int c0, int c1) {
     int64_t pages = 0;
-    for (size_t m = 0; m < heads_of.size(); ++m)
-      if (heads_of[m]) pages += heads_of[m] * held_pages(static_cast<HeadMode>(m), routing.sparse, page_size, c0, c1);
+    for (int h = 0; h < H; ++h) pages += held_pages(routing.at(l, h), routing.sparse, page_size, c0, c1);
     return pages;
   };
-  for (int c0 = 0; c0 < prompt; c0 += step) most = std::max(most, at(c0, std::min(prompt, c0 + step)));
-  // Decode steps: within a block a head's pages only grow; a new block can only drop blocks (patterns are monotone,
-  // sparse_pattern.h), and a head's count at each block's last position never shrinks from block to block. So the most is
-  // at the last step or at the last position of the block before it.
-  if (n_pos > prompt) {
-    const int last = n_pos - 1, prev = last / routing.sparse.block * routing.sparse.block - 1;
-    most = std::max(most, at(last, last + 1));
-    if (prev >= prompt) most = std::max(most, at(prev, prev + 1));
+  // Prefill: layer l grows through the prompt while layers before it hold what they keep after it (the query at
+  // `prompt`) and layers after it hold nothing yet.
+  int64_t most = 0, before = 0;
+  for (int l = 0; l < routing.n_layers; ++l) {
+    for (int c0 = 0; c0 < prompt; c0 += step) most = std::max(most, before + layer_at(l, c0, std::min(prompt, c0 + step)));
+    before += layer_at(l, prompt, prompt);
   }
-  return most;
+  most = std::max(most, before);
+  // Decode steps move every layer together: pages_for's decode terms.
+  return std::max(most, decode_peak(routing, page_size, prompt, n_pos));
 }
 
 }  // namespace elastic

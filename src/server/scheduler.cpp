@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "elastic/kv_pages.h"
 #include "server/server_internal.h"
 
 namespace elastic::server {
@@ -178,6 +179,8 @@ void Scheduler::fail(Active& a, std::exception_ptr ep) {
     std::rethrow_exception(ep);
   } catch (const std::bad_alloc&) {
     finish(a, "error", "out of memory while running the request", 503, "out_of_memory");
+  } catch (const OutOfPages& e) {  // a page pool ran out (admission reserves each request's peak: a server bug)
+    finish(a, "error", std::string("out of KV pages while running the request: ") + e.what(), 503, "out_of_memory");
   } catch (const std::exception& e) {
     finish(a, "error", e.what());
   } catch (...) {

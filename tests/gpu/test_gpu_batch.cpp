@@ -238,7 +238,8 @@ TEST_P(GpuBatch, SteppedPrefillInterleavesWithDecode) {
   const Model m = gpu_test::make_model(GetParam(), seed);
   const int V = m.config.vocab;
   std::mt19937_64 rng(seed);
-  const Seq a{random_ids(200, V, rng), random_ids(64, V, rng), routing_kind(m.config, 1)};
+  // a at 250 positions: the decode steps beside b's prefill cross the page boundary at 256.
+  const Seq a{random_ids(250, V, rng), random_ids(64, V, rng), routing_kind(m.config, 1)};
   const Seq b{random_ids(700, V, rng), random_ids(4, V, rng), routing_kind(m.config, 2)};
   auto g = cuda::GpuModel::upload(m, options(1024, 256, 3));
   auto lone = cuda::GpuModel::upload(m, options(1024, 256, 1));
@@ -340,19 +341,20 @@ TEST_P(GpuBatch, ForkedSequenceDecodesLikeItsSource) {
   const Model m = gpu_test::make_model(GetParam(), seed);
   const int V = m.config.vocab;
   std::mt19937_64 rng(seed);
-  const Seq a{random_ids(450, V, rng), random_ids(40, V, rng), routing_kind(m.config, 2)};
+  const Seq a{random_ids(450, V, rng), random_ids(100, V, rng), routing_kind(m.config, 2)};
   auto g = cuda::GpuModel::upload(m, options(1024, 256, 3));
   auto lone = cuda::GpuModel::upload(m, options(1024, 256, 1));
-  const std::vector<float> ref = lone_logits(*lone, a, 40);
+  const std::vector<float> ref = lone_logits(*lone, a, 100);
   prefill_in_steps(*g, 0, a);
   std::vector<float> got;
   std::vector<int32_t> next;
-  for (int i = 0; i < 20; ++i) g->decode_batch({0}, {a.forced[i]}, nullptr);  // past the 512 block boundary
+  // Forked at 500 positions; the pair then crosses the page and block boundary at 512 (new pages, windows move).
+  for (int i = 0; i < 50; ++i) g->decode_batch({0}, {a.forced[i]}, nullptr);
   g->fork(0, 2);
-  EXPECT_EQ(g->length(2), 470);
+  EXPECT_EQ(g->length(2), 500);
   EXPECT_EQ(g->kv_bytes(2), g->kv_bytes(0));
   EXPECT_EQ(g->routing(2).mode, a.r.mode);
-  for (int i = 20; i < 40; ++i) {
+  for (int i = 50; i < 100; ++i) {
     g->decode_batch({2, 0}, {a.forced[i], a.forced[i]}, &got, &next);
     EXPECT_TRUE(std::equal(got.begin(), got.begin() + V, got.begin() + V)) << "step " << i;
     EXPECT_EQ(next[0], next[1]);
@@ -381,6 +383,15 @@ TEST(GpuBatchErrors, BadBatchesNameTheProblem) {
   EXPECT_EQ(g->length(0), 100) << "refused steps change nothing";
   EXPECT_THROW(g->prefill_step(), std::logic_error);
   EXPECT_THROW(g->prefill_end(nullptr, false), std::logic_error);
+  // Stepping past the last layer or ending early is refused and keeps the running prefill.
+  g->prefill_begin(1, ids.data(), 100, nullptr, nullptr);
+  EXPECT_THROW(g->prefill_end(nullptr, false), std::logic_error);
+  EXPECT_EQ(g->prefilling_slot(), 1);
+  while (!g->prefill_step()) {
+  }
+  EXPECT_THROW(g->prefill_step(), std::logic_error);
+  g->prefill_end(nullptr, false);
+  EXPECT_EQ(g->length(1), 100);
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, GpuBatch, ::testing::Values(false, true),

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# GPU machine: the continuous-batching GPU server under load (issue 26), random weights of a named shape. For each
+# routing in ROUTINGS (full; hybrid: 70% of KV heads streaming, drawn with a fixed seed; ssa: all streaming;
+# sink 128 + window 2048, block 128) and each --parallel P in
+# PARALLEL (1 is the one-request-at-a-time server, run in the same call as the anchor), starts
+#   elastic serve --device cuda --shape SHAPE -c CTX --parallel P [--routing ...] [--kv-budget-mib POOL_MIB]
+# and runs scripts/load_test.py at each concurrency in CONC (streamed, prompts of PROMPT random token ids, MAXTOK
+# tokens each). Writes $OUT/serve_load.jsonl (one line per run) and $OUT/serve_load.md; each server's stderr is
+# $OUT/serve_<routing>_p<P>.log. Binaries from .gpucarry (bash scripts/gpu_carry.sh).
+# Env: SHAPE (qwen3-4b), CTX (16384), PROMPT (8000), MAXTOK (64), PARALLEL ("1 16"), CONC ("1 4 16 64"),
+#      ROUTINGS ("full hybrid ssa"), POOL_MIB (unset: --parallel x every head full at CTX), SECONDS_PER_RUN (60).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+O=${OUT:-/tmp}
+SHAPE=${SHAPE:-qwen3-4b}; CTX=${CTX:-16384}; PROMPT=${PROMPT:-8000}; MAXTOK=${MAXTOK:-64}
+PARALLEL=${PARALLEL:-"1 16"}; CONC=${CONC:-"1 4 16 64"}; ROUTINGS=${ROUTINGS:-"full hybrid ssa"}
+SECS=${SECONDS_PER_RUN:-60}
+[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry
+export LD_LIBRARY_PATH=$PWD/.gpucarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+E=.gpucarry/elastic
+# The shape's layers and KV heads, for the hybrid routing file.
+read -r L H V < <(python3 - "$SHAPE" <<'PY'
+import sys
+shapes = {"qwen3-0.6b": (28, 8, 151936), "qwen3-4b": (36, 8, 151936), "qwen3-8b": (36, 8, 151936),
+          "llama-3.1-8b": (32, 8, 128256)}
+print(*shapes[sys.argv[1]])
+PY
+)
+python3 - "$L" "$H" "$O" <<'PY'
+import json, random, sys
+L, H, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rng = random.Random(7)
+heads = [(l, h) for l in range(L) for h in range(H)]
+for name, share in (("hybrid", 0.7), ("ssa", 1.0)):
+    sparse = set(rng.sample(heads, round(share * len(heads))))
+    layers = [["ssa" if (l, h) in sparse else "full" for h in range(H)] for l in range(L)]
+    json.dump({"block_size": 128, "sink": 128, "local": 2048, "layers": layers}, open("%s/%s.json" % (out, name), "w"))
+PY
+: > "$O/serve_load.jsonl"
+port=18700
+for R in $ROUTINGS; do
+  case $R in
+    full) RFLAG="";;
+    *) RFLAG="--routing $O/$R.json";;
+  esac
+  for P in $PARALLEL; do
+    port=$((port + 1))
+    POOL=${POOL_MIB:+--kv-budget-mib $POOL_MIB}
+    $E serve --device cuda --shape "$SHAPE" -c "$CTX" --parallel "$P" --port $port --max-queue 1024 -q $RFLAG $POOL \
+      > "$O/serve_${R}_p$P.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 1; done
+    for C in $CONC; do
+      N=$((C * 3 > 8 ? C * 3 : 8))
+      echo "routing $R, --parallel $P, concurrency $C: $N requests"
+      python3 scripts/load_test.py --url "http://127.0.0.1:$port" --requests "$N" --concurrency "$C" \
+        --max-tokens "$MAXTOK" --stream --prompt-tokens "$PROMPT" --vocab "$V" --seconds "$SECS" --json \
+        | python3 -c "import json,sys; j=json.loads(sys.stdin.read()); j.update(routing='$R', parallel=$P); print(json.dumps(j))" \
+        | tee -a "$O/serve_load.jsonl"
+    done
+    curl -s "http://127.0.0.1:$port/metrics" | grep -E "^elastic_(kv_cache|decode|requests_running)" > "$O/metrics_${R}_p$P.txt"
+    kill $pid; wait $pid 2>/dev/null
+  done
+done
+python3 - "$O/serve_load.jsonl" "$O/serve_load.md" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+out = ["| routing | --parallel | clients | ok/sent | requests/s | output tok/s | TTFT p50 / p99 s | inter-token p50 / p99 ms |",
+       "|---|---|---|---|---|---|---|---|"]
+for r in rows:
+    out.append("| %s | %d | %d | %d/%d | %.2f | %.1f | %.2f / %.2f | %.1f / %.1f |" % (
+        r["routing"], r["parallel"], r["concurrency"], r["ok"], r["sent"], r["requests_per_s"],
+        r["completion_tokens_per_s"], r["ttft_p50"], r["ttft_p99"], 1e3 * r["itl_p50"], 1e3 * r["itl_p99"]))
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+print("\n".join(out))
+PY
