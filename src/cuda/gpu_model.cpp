@@ -242,7 +242,6 @@ bool GpuModel::Impl::prefill_advance() {
     }
     // Pageable source: the copy is staged before this returns, so meta_h may die.
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(meta_l, meta_h.data(), Hkv * sizeof(KVHeadMeta), cudaMemcpyHostToDevice, st));
-    ELASTIC_CUDA_CHECK(cudaStreamSynchronize(st));
     run.lists = XAttnBlockLists{};
     if (run.has_xattn) {
       if (T > chunk && chunk % sp.block)

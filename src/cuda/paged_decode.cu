@@ -249,8 +249,15 @@ __global__ void paged_plan_kernel(PagedDecodeHead* heads, PagedDecodeUnit* units
   }
   __syncthreads();
   for (int i = threadIdx.x; i < s_n; i += blockDim.x) {
-    int h = 0;
-    while (H[h].unit_end <= i) ++h;
+    // The head whose units hold i: the first with unit_end > i (unit_end is non-decreasing; a binary search, since a
+    // batch has hundreds of heads).
+    int lo = 0, hi = n_kv_heads - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (H[mid].unit_end <= i) lo = mid + 1;
+      else hi = mid;
+    }
+    const int h = lo;
     const int kpu = s_kpu[h / run], k0 = (i - H[h].unit_begin) * kpu;
     U[i] = PagedDecodeUnit{h, k0, min(H[h].kept, k0 + kpu)};
   }
