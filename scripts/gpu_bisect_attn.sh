@@ -18,7 +18,7 @@ O=${OUT:-/tmp}
 C=.gpucarry
 [ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
 export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-for combo in ${COMBOS:-overlap:0 wgmma:1}; do
+for combo in ${COMBOS:-overlap:0 overlap:3 simple:0}; do  # the engine's kernels (the variants: dev/cuda)
   k=${combo%%:*} o=${combo##*:}
   f="$O/suite_${k}_${o}.txt"
   ELASTIC_ATTN_KERNEL=$k ELASTIC_ATTN_OPTS=$o timeout "${SUITE_TIMEOUT:-150}" $C/elastic_gpu_tests \

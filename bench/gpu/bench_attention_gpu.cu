@@ -23,6 +23,7 @@
 #include "elastic/attention.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
+#include "attention_variants.h"  // dev/cuda: every kernel variant, the engine's and the measurement ones
 #include "contiguous_decode.h"  // dev/cuda: the contiguous-cache decode
 #include "elastic/cuda_paged_decode.h"
 #include "elastic/kv_pages.h"
@@ -382,7 +383,7 @@ int main(int argc, char** argv) {
       KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, hm));
       auto p = base(d);
       p.kernel = k;
-      const double t = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
+      const double t = timer.median_ms([&] { hybrid_attention_fwd_any(p, nullptr); }, reps);
       ELASTIC_CUDA_CHECK(cudaFree(d));
       return t;
     };
@@ -415,11 +416,11 @@ int main(int argc, char** argv) {
         for (int r = 0; r < rounds; ++r) {
           double a = 0, b = 0;
           if (r % 2 == 0) {
-            a = timer.median_ms([&] { hybrid_attention_fwd(pf, nullptr); }, 3);
-            b = timer.median_ms([&] { hybrid_attention_fwd(ps, nullptr); }, 3);
+            a = timer.median_ms([&] { hybrid_attention_fwd_any(pf, nullptr); }, 3);
+            b = timer.median_ms([&] { hybrid_attention_fwd_any(ps, nullptr); }, 3);
           } else {
-            b = timer.median_ms([&] { hybrid_attention_fwd(ps, nullptr); }, 3);
-            a = timer.median_ms([&] { hybrid_attention_fwd(pf, nullptr); }, 3);
+            b = timer.median_ms([&] { hybrid_attention_fwd_any(ps, nullptr); }, 3);
+            a = timer.median_ms([&] { hybrid_attention_fwd_any(pf, nullptr); }, 3);
           }
           tf.push_back(a), ts.push_back(b), ratio.push_back(b / a / (ssa_pairs / full_pairs));
         }
@@ -482,7 +483,7 @@ int main(int argc, char** argv) {
       const double t_est = timer.median_ms([&] { xattn_estimate_cuda(e, nullptr); }, reps);
       auto p = base(d);
       p.xattn = {blocks, off, cnt};
-      const double t = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
+      const double t = timer.median_ms([&] { hybrid_attention_fwd_any(p, nullptr); }, reps);
       std::vector<int32_t> hc(size_t(Hq) * nb), ho(hc.size()), hb(cap);
       ELASTIC_CUDA_CHECK(cudaMemcpy(hc.data(), cnt, hc.size() * 4, cudaMemcpyDeviceToHost));
       ELASTIC_CUDA_CHECK(cudaMemcpy(ho.data(), off, ho.size() * 4, cudaMemcpyDeviceToHost));
@@ -512,7 +513,7 @@ int main(int argc, char** argv) {
         ELASTIC_CUDA_CHECK(cudaMemcpy(cnt, rc.data(), rc.size() * 4, cudaMemcpyHostToDevice));
         ELASTIC_CUDA_CHECK(cudaMemcpy(off, ro.data(), ro.size() * 4, cudaMemcpyHostToDevice));
         ELASTIC_CUDA_CHECK(cudaMemcpy(blocks, rb.data(), rb.size() * 4, cudaMemcpyHostToDevice));
-        const double td = timer.median_ms([&] { hybrid_attention_fwd(p, nullptr); }, reps);
+        const double td = timer.median_ms([&] { hybrid_attention_fwd_any(p, nullptr); }, reps);
         double pd = 0;
         for (int h = 0; h < Hq; ++h) pd += pairs_head(mx, T, B, &rc, &rb, &ro, h, nb);
         char name[96];
@@ -539,7 +540,7 @@ int main(int argc, char** argv) {
         for (int h = 0; h < Hq; ++h) pr += pairs_head(m[h / (Hq / Hkv)], T, B, nullptr, nullptr, nullptr, h, nb);
       }
       const double t = timer.median_ms([&] {
-        for (int l = 0; l < L; ++l) hybrid_attention_fwd(base(dm[l]), nullptr);
+        for (int l = 0; l < L; ++l) hybrid_attention_fwd_any(base(dm[l]), nullptr);
       }, reps);
       char name[64];
       std::snprintf(name, sizeof name, "hybrid-ssa (%d/%d heads)", n_sparse, L * Hkv);

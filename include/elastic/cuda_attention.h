@@ -73,7 +73,8 @@ struct HybridAttnParams {
                   // CTA), 0..7; -1: the kernel's defaults (Wgmma and NoPingpong 0, the overlap and persistent ones 3)
 };
 
-// One launch for all heads of a layer. Throws std::invalid_argument on bad shapes (naming the field).
+// One launch for all heads of a layer with an engine kernel (is_engine_kernel). Throws std::invalid_argument on bad
+// shapes (naming the field) and for a measurement variant (naming it).
 void hybrid_attention_fwd(const HybridAttnParams& p, cudaStream_t stream);
 
 // The prefill attention kernel a backend runs, chosen once when it is built (GpuOptions::attention) and logged with
@@ -82,12 +83,18 @@ struct AttnKernelConfig {
   AttnKernel kernel = AttnKernel::Auto;  // for even GQA groups; odd groups run Simple (a wgmma kernel needs pairs)
   int opts = -1;                         // HybridAttnParams::opts
 };
-// What ELASTIC_ATTN_KERNEL (auto, simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong) and
-// ELASTIC_ATTN_OPTS (0..7) name, read now: unset means Auto and the defaults. Throws std::invalid_argument naming the
-// variable and the accepted values on a bad one.
+// The kernels the engine runs (hybrid_attention_fwd): Auto, Simple, WgmmaOverlap. The others are measurement
+// variants that the dev area launches (dev/cuda/attention_variants.h); hybrid_attention_fwd refuses them by name.
+bool is_engine_kernel(AttnKernel k);
+const char* attention_kernel_name(AttnKernel k);  // "auto", "simple", "wgmma", "overlap", "overlap-nopingpong", ...
+// What ELASTIC_ATTN_KERNEL (auto, simple, overlap) and ELASTIC_ATTN_OPTS (0..7) name, read now: unset means Auto
+// and the defaults. Throws std::invalid_argument naming the variable and the accepted values on a bad one.
 AttnKernelConfig attention_config_from_env();
-// A kernel by the names above (bench --attn-kernel); throws std::invalid_argument naming the value.
+// An engine kernel by the names above (bench --attn-kernel); throws std::invalid_argument naming the value.
 AttnKernel attention_kernel_by_name(const std::string& name);
+// Any kernel or variant by name (auto, simple, wgmma, overlap, overlap-nopingpong, persistent, nopingpong): for the
+// dev area's benches and tests.
+AttnKernel attention_variant_by_name(const std::string& name);
 // Sets p.kernel and p.opts to what c runs for p's GQA shape (p.n_heads, p.n_kv_heads set).
 void apply_attention_config(const AttnKernelConfig& c, HybridAttnParams& p);
 // What c runs for this GQA shape, e.g. "overlap (adjacent pairs, bulk stores)", or "simple (odd query-head group)".

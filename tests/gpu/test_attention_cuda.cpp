@@ -18,6 +18,7 @@
 #include "elastic/attention.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
+#include "attention_variants.h"  // dev/cuda: the prefill kernel's measurement variants
 #include "contiguous_decode.h"  // dev/cuda: the contiguous-cache decode
 #include "gpu_test_util.h"
 
@@ -173,7 +174,7 @@ void run_prefill_case_with(const Case& c, std::initializer_list<cuda::AttnKernel
     dlse.up(std::vector<float>(dlse.n, NAN));
     p.kernel = kernel;
     p.opts = opts;
-    cuda::hybrid_attention_fwd(p, nullptr);
+    cuda::hybrid_attention_fwd_any(p, nullptr);
     ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
     const auto all = dout.down();
     size_t written_outside = 0;
@@ -324,13 +325,35 @@ TEST(CudaHybridAttention, DescribesWhatAConfigurationRuns) {
     EXPECT_EQ(c.opts, -1);
   }
   {
-    EnvGuard k("ELASTIC_ATTN_KERNEL", "persistent"), o("ELASTIC_ATTN_OPTS", "5");
+    EnvGuard k("ELASTIC_ATTN_KERNEL", "simple"), o("ELASTIC_ATTN_OPTS", "5");
     const cuda::AttnKernelConfig c = cuda::attention_config_from_env();
-    EXPECT_EQ(c.kernel, K::WgmmaPersistent);
+    EXPECT_EQ(c.kernel, K::Simple);
     EXPECT_EQ(c.opts, 5);
   }
-  EXPECT_EQ(cuda::attention_kernel_by_name("nopingpong"), K::WgmmaNoPingpong);
+  // The engine names its own kernels only; the measurement variants are the dev area's.
+  EXPECT_EQ(cuda::attention_kernel_by_name("overlap"), K::WgmmaOverlap);
+  EXPECT_THROW(cuda::attention_kernel_by_name("nopingpong"), std::invalid_argument);
   EXPECT_THROW(cuda::attention_kernel_by_name("fastest"), std::invalid_argument);
+  EXPECT_EQ(cuda::attention_variant_by_name("nopingpong"), K::WgmmaNoPingpong);
+  EXPECT_FALSE(cuda::is_engine_kernel(K::WgmmaPersistent));
+  expect_env_error("ELASTIC_ATTN_KERNEL", "persistent", [] { cuda::attention_config_from_env(); });
+  {
+    // A measurement variant through the engine's dispatch is refused by name, before any launch (the pointers are
+    // never dereferenced: no GPU needed).
+    cuda::HybridAttnParams v;
+    uint16_t dummy[8];
+    v.q = v.k = v.v = dummy, v.out = dummy;
+    v.meta = reinterpret_cast<const cuda::KVHeadMeta*>(dummy);
+    v.T = 64, v.n_heads = 8, v.n_kv_heads = 2, v.head_dim = 128, v.block = 64;
+    v.kernel = K::WgmmaPersistent;
+    try {
+      cuda::hybrid_attention_fwd(v, nullptr);
+      ADD_FAILURE() << "the engine ran a measurement variant";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("'persistent' kernel is a measurement variant"), std::string::npos)
+          << e.what();
+    }
+  }
   // A configured wgmma kernel applies to even groups; an odd group runs Auto (Simple) instead.
   cuda::HybridAttnParams p;
   p.n_heads = 8, p.n_kv_heads = 2;
