@@ -25,6 +25,9 @@
 
 namespace elastic::cuda {
 
+struct GpuWeights;  // src/cuda/gpu_weights.h
+struct GpuExec;
+
 struct GpuOptions {
   // Prefill attention kernel (cuda_attention.h), fixed for the model's life; unset: attention_config_from_env() when
   // the model is built. Printed with the plan.
@@ -153,8 +156,12 @@ class GpuModel {
   void release(int slot = 0);
   const RoutingTable& routing(int slot = 0) const;  // the slot's routing
 
+  // What the GPU trainer shares (src/cuda/gpu_weights.h): the weights and the stream, GEMM and attention kernel
+  // they run with; none of the sequences' state.
+  const GpuWeights& weights() const;
+  GpuExec exec() const;
+
   struct Impl;
-  Impl& internals() { return *impl_; }  // for src/cuda's trainer, which shares the weights, stream and GEMM
 
  private:
   explicit GpuModel(std::unique_ptr<Impl> impl);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/device_buffer.h"
+#include "cuda/gpu_weights.h"
 #include "elastic/cuda_attention.h"
 #include "elastic/cuda_gemm.h"
 #include "elastic/cuda_paged_decode.h"
@@ -18,29 +19,12 @@
 
 namespace elastic::cuda {
 
-std::string gib(size_t bytes);  // "1.25 GiB", for the printed allocation plans
-
-struct GpuLayer {              // bf16, HF [out, in] layouts
-  DeviceBuffer attn_norm;      // [D]
-  DeviceBuffer w_qkv, b_qkv;   // [(Hq + 2 Hkv) hd, D], bias [(Hq + 2 Hkv) hd] or empty
-  DeviceBuffer q_norm, k_norm; // [hd] (Qwen3) or empty
-  DeviceBuffer wo;             // [D, Hq hd]
-  DeviceBuffer mlp_norm;       // [D]
-  DeviceBuffer w_gu;           // [2F, D]: gate rows then up rows
-  DeviceBuffer w_down;         // [D, F]
-};
-
-struct GpuModel::Impl {
-  ModelConfig c;
+struct GpuModel::Impl : GpuWeights {  // c, layers, embed, lm_head, final_norm, inv_freq, head_weight()
   GpuOptions o;
   GpuPlan plan;
   cudaStream_t stream = nullptr;
   std::unique_ptr<Gemm> gemm;
 
-  // Weights.
-  std::vector<GpuLayer> layers;
-  DeviceBuffer embed, lm_head, final_norm;  // lm_head empty when tied
-  DeviceBuffer inv_freq;                     // [hd/2] fp32
 
   // Prefill work (one plan, allocated once).
   int chunk = 0;           // rows of the chunk buffers
@@ -131,7 +115,6 @@ struct GpuModel::Impl {
 
   ~Impl();
   void init_common();                       // plan, work buffers, stream, gemm (after weights are set)
-  const uint16_t* head_weight() const { return (lm_head.ptr ? lm_head : embed).as<const uint16_t>(); }
   void drop_graphs();
   Slot& slot_at(int slot);                  // throws std::out_of_range for a slot the model does not have
   void store_layer_pages(Slot& s, int l, const HeadMode* modes, const SparseSettings& sp, int T);  // K/V into pages

@@ -13,7 +13,8 @@
 #include <vector>
 
 #include "cuda/device_buffer.h"
-#include "cuda/gpu_model_impl.h"
+#include "cuda/gpu_weights.h"
+#include "elastic/gpu_model.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention_bwd.h"
 #include "elastic/cuda_ops.h"
@@ -75,12 +76,12 @@ int gpu_train_max_tokens(const ModelConfig& c, size_t free_bytes, HeadMode spars
 
 class GpuRouterTrainer {
  public:
-  GpuRouterTrainer(GpuModel& g, int max_T, bool verbose) : m_(g.internals()), max_T_(max_T) {
+  GpuRouterTrainer(GpuModel& g, int max_T, bool verbose) : m_(g.weights()), x_(g.exec()), max_T_(max_T) {
     const ModelConfig& c = m_.c;
     if (max_T <= 1) throw std::invalid_argument("gpu train: max_T must be at least 2");
     plan_ = gpu_train_plan(c, max_T, HeadMode::XAttn);
     const size_t need = plan_.total();  // before the model's weights (already resident) are added for the report
-    plan_.weights = m_.plan.weights;
+    plan_.weights = m_.bytes();
     size_t free_b = 0, total_b = 0;
     ELASTIC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (verbose) {
@@ -170,7 +171,7 @@ class GpuRouterTrainer {
     p_full_.assign(z_all_.size(), 0.f);
     pooled_.assign(size_t(L) * Hkv * c.head_dim, 0.f);
     setup_sparse();
-    cudaStream_t st = m_.stream;
+    cudaStream_t st = x_.stream;
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(ids_.ptr, s.ids.data(), f32s(T), cudaMemcpyHostToDevice, st));
     embed_rows_bf16(m_.embed.as<uint16_t>(), ids_.as<int32_t>(), xb(0), T, c.hidden, c.vocab, st);
     for (int l = 0; l < L; ++l) layer(l, /*decide=*/true, xb(l + 1));
@@ -187,7 +188,7 @@ class GpuRouterTrainer {
     const ModelConfig& c = m_.c;
     const int T = T_, D = c.hidden, L = c.n_layers, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim,
               F = c.intermediate, C = spec_.classes(), Q = Hq * hd, K = Hkv * hd, N = Q + 2 * K;
-    cudaStream_t st = m_.stream;
+    cudaStream_t st = x_.stream;
     ELASTIC_CUDA_CHECK(cudaMemsetAsync(dx_.ptr, 0, f32s(size_t(T) * D), st));
     head(lm_weight / n_ans_, true);
     const float dz_omega = -omega_weight / float(size_t(L) * Hkv);
@@ -200,15 +201,15 @@ class GpuRouterTrainer {
       layer(l, /*decide=*/false, nullptr);
       // MLP: dx -> da -> d(gate, up) -> dh2 -> through the MLP norm into dxmid (+ the residual's dx).
       convert_f32_to_bf16(dx_.as<float>(), dbf_.as<uint16_t>(), int64_t(T) * D, st);
-      m_.gemm->bf16_dx_f32(dbf_.as<uint16_t>(), W.w_down.as<uint16_t>(), da_.as<float>(), T, D, F, st);
+      x_.gemm->bf16_dx_f32(dbf_.as<uint16_t>(), W.w_down.as<uint16_t>(), da_.as<float>(), T, D, F, st);
       swiglu_bwd(gu_.as<uint16_t>(), da_.as<float>(), dgu_.as<uint16_t>(), T, F, st);
-      m_.gemm->bf16_dx_f32(dgu_.as<uint16_t>(), W.w_gu.as<uint16_t>(), dh_.as<float>(), T, 2 * F, D, st);
+      x_.gemm->bf16_dx_f32(dgu_.as<uint16_t>(), W.w_gu.as<uint16_t>(), dh_.as<float>(), T, 2 * F, D, st);
       ELASTIC_CUDA_CHECK(cudaMemcpyAsync(dxmid_.ptr, dx_.ptr, f32s(size_t(T) * D), cudaMemcpyDeviceToDevice, st));
       rmsnorm_bwd(xmid_.as<uint16_t>(), W.mlp_norm.as<uint16_t>(), dh_.as<float>(), dxmid_.as<float>(), T, D,
                   c.rms_eps, st);
       // o_proj, then the gate's mixture: dz = sum dO . (O_full - O_sparse) per KV head.
       convert_f32_to_bf16(dxmid_.as<float>(), dbf_.as<uint16_t>(), int64_t(T) * D, st);
-      m_.gemm->bf16_dx_f32(dbf_.as<uint16_t>(), W.wo.as<uint16_t>(), dO_.as<float>(), T, D, Q, st);
+      x_.gemm->bf16_dx_f32(dbf_.as<uint16_t>(), W.wo.as<uint16_t>(), dO_.as<float>(), T, D, Q, st);
       ELASTIC_CUDA_CHECK(cudaMemsetAsync(dz_dev_.ptr, 0, f32s(Hkv), st));
       mix_bwd(dO_.as<float>(), of_.as<uint16_t>(), os_.as<uint16_t>(), z_dev_.as<float>(), dof_.as<uint16_t>(),
               dos_.as<uint16_t>(), dz_dev_.as<float>(), mix_ws_.as<float>(), T, Hq, Hkv, hd, st);
@@ -256,7 +257,7 @@ class GpuRouterTrainer {
       QkvPostBwdParams qb;
       fill_qkv_bwd(qb, W, T);
       qkv_post_bwd(qb, st);
-      m_.gemm->bf16_dx_f32(dqkv_.as<uint16_t>(), W.w_qkv.as<uint16_t>(), dh_.as<float>(), T, N, D, st);
+      x_.gemm->bf16_dx_f32(dqkv_.as<uint16_t>(), W.w_qkv.as<uint16_t>(), dh_.as<float>(), T, N, D, st);
       ELASTIC_CUDA_CHECK(cudaMemcpyAsync(dx_.ptr, dxmid_.ptr, f32s(size_t(T) * D), cudaMemcpyDeviceToDevice, st));
       rmsnorm_bwd(xb(l), W.attn_norm.as<uint16_t>(), dh_.as<float>(), dx_.as<float>(), T, D, c.rms_eps, st);
       // pool_rows_ must outlive its asynchronous upload.
@@ -265,7 +266,8 @@ class GpuRouterTrainer {
   }
 
  private:
-  GpuModel::Impl& m_;
+  const GpuWeights& m_;  // the model's weights
+  const GpuExec x_;       // its stream, GEMM and attention kernel
   int max_T_;
   GpuTrainPlan plan_;
   // Last forward.
@@ -340,8 +342,8 @@ class GpuRouterTrainer {
     ap.block = spec_.sparse.block;
     ap.meta = meta.as<KVHeadMeta>();
     ap.xattn = lists();
-    apply_attention_config(*m_.o.attention, ap);
-    hybrid_attention_fwd(ap, m_.stream);
+    apply_attention_config(x_.attention, ap);
+    hybrid_attention_fwd(ap, x_.stream);
   }
 
   void attention_bwd(const DeviceBuffer& meta, const DeviceBuffer& out, const DeviceBuffer& lse,
@@ -362,7 +364,7 @@ class GpuRouterTrainer {
     bp.block = spec_.sparse.block;
     bp.meta = meta.as<KVHeadMeta>();
     bp.xattn = lists();
-    hybrid_attention_bwd(bp, m_.stream);
+    hybrid_attention_bwd(bp, x_.stream);
   }
 
   void fill_qkv_bwd(QkvPostBwdParams& qb, const GpuLayer& W, int T) {
@@ -388,11 +390,11 @@ class GpuRouterTrainer {
     const GpuLayer& W = m_.layers[l];
     const int T = T_, D = c.hidden, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim, F = c.intermediate,
               Q = Hq * hd, K = Hkv * hd, N = Q + 2 * K;
-    cudaStream_t st = m_.stream;
+    cudaStream_t st = x_.stream;
     uint16_t* xin = xb(l);
     rmsnorm_bf16_stream(xin, W.attn_norm.as<uint16_t>(), xn_.as<uint16_t>(), T, D, c.rms_eps, st);
     // Bias left to qkv_post (the backward reads the projection before its bias).
-    m_.gemm->bf16(xn_.as<uint16_t>(), W.w_qkv.as<uint16_t>(), qkv_.as<uint16_t>(), T, N, D, st);
+    x_.gemm->bf16(xn_.as<uint16_t>(), W.w_qkv.as<uint16_t>(), qkv_.as<uint16_t>(), T, N, D, st);
     QkvPostParams qp;
     qp.qkv = qkv_.as<uint16_t>();
     qp.bias = W.b_qkv.as<uint16_t>();
@@ -441,13 +443,13 @@ class GpuRouterTrainer {
                                              f32s(T_), cudaMemcpyDeviceToDevice, st));
     }
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(xmid_.ptr, xin, bf16s(size_t(T) * D), cudaMemcpyDeviceToDevice, st));
-    m_.gemm->bf16(o_.as<uint16_t>(), W.wo.as<uint16_t>(), xmid_.as<uint16_t>(), T, D, Q, st, nullptr, 1.f);
+    x_.gemm->bf16(o_.as<uint16_t>(), W.wo.as<uint16_t>(), xmid_.as<uint16_t>(), T, D, Q, st, nullptr, 1.f);
     rmsnorm_bf16_stream(xmid_.as<uint16_t>(), W.mlp_norm.as<uint16_t>(), h2_.as<uint16_t>(), T, D, c.rms_eps, st);
-    m_.gemm->bf16(h2_.as<uint16_t>(), W.w_gu.as<uint16_t>(), gu_.as<uint16_t>(), T, 2 * F, D, st);
+    x_.gemm->bf16(h2_.as<uint16_t>(), W.w_gu.as<uint16_t>(), gu_.as<uint16_t>(), T, 2 * F, D, st);
     swiglu_bf16(gu_.as<uint16_t>(), act_.as<uint16_t>(), T, F, st);
     if (xout) {
       ELASTIC_CUDA_CHECK(cudaMemcpyAsync(xout, xmid_.ptr, bf16s(size_t(T) * D), cudaMemcpyDeviceToDevice, st));
-      m_.gemm->bf16(act_.as<uint16_t>(), W.w_down.as<uint16_t>(), xout, T, D, F, st, nullptr, 1.f);
+      x_.gemm->bf16(act_.as<uint16_t>(), W.w_down.as<uint16_t>(), xout, T, D, F, st, nullptr, 1.f);
     }
   }
 
@@ -456,7 +458,7 @@ class GpuRouterTrainer {
     const ModelConfig& c = m_.c;
     const int Hkv = c.n_kv_heads, hd = c.head_dim, Q = c.n_heads * hd, K = Hkv * hd, N = Q + 2 * K,
               C = spec_.classes();
-    cudaStream_t st = m_.stream;
+    cudaStream_t st = x_.stream;
     const int nb = static_cast<int>(pool_pos_.size());
     if (pq_.bytes < bf16s(size_t(nb) * Q)) {
       pq_.alloc(bf16s(size_t(nb) * Q));
@@ -501,7 +503,7 @@ class GpuRouterTrainer {
   float head(float scale, bool grad) {
     const ModelConfig& c = m_.c;
     const int D = c.hidden, V = c.vocab, r0 = sample_.prompt_len - 1, n = n_ans_;
-    cudaStream_t st = m_.stream;
+    cudaStream_t st = x_.stream;
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(targets_.ptr, sample_.ids.data() + r0 + 1, f32s(n), cudaMemcpyHostToDevice, st));
     ELASTIC_CUDA_CHECK(cudaMemsetAsync(loss_.ptr, 0, 4, st));
     const uint16_t* xL = xb(c.n_layers);
@@ -509,11 +511,11 @@ class GpuRouterTrainer {
       const int rows = std::min(kHeadRows, n - i0);
       const uint16_t* x = xL + size_t(r0 + i0) * D;
       rmsnorm_bf16_stream(x, m_.final_norm.as<uint16_t>(), hf_.as<uint16_t>(), rows, D, c.rms_eps, st);
-      m_.gemm->bf16_out_f32(hf_.as<uint16_t>(), m_.head_weight(), logits_.as<float>(), rows, V, D, st);
+      x_.gemm->bf16_out_f32(hf_.as<uint16_t>(), m_.head_weight(), logits_.as<float>(), rows, V, D, st);
       cross_entropy_rows(logits_.as<float>(), rows, V, targets_.as<int32_t>() + i0, scale, row_loss_.as<float>(),
                          loss_.as<float>(), grad ? dlogits_.as<uint16_t>() : nullptr, st);
       if (grad) {
-        m_.gemm->bf16_dx_f32(dlogits_.as<uint16_t>(), m_.head_weight(), dhf_.as<float>(), rows, V, D, st);
+        x_.gemm->bf16_dx_f32(dlogits_.as<uint16_t>(), m_.head_weight(), dhf_.as<float>(), rows, V, D, st);
         rmsnorm_bwd(x, m_.final_norm.as<uint16_t>(), dhf_.as<float>(), dx_.as<float>() + size_t(r0 + i0) * D, rows,
                     D, c.rms_eps, st);
       }

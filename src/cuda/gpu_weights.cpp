@@ -97,10 +97,7 @@ void GpuModel::Impl::init_common() {
   if (o.batch_invariant) gemm->pin_rows(std::max(o.slots, 1));  // decode's M <= slots; prefill's chunks are larger
 
   // The plan, before allocating, so a plan that cannot fit fails with its numbers.
-  plan.weights = embed.bytes + lm_head.bytes + final_norm.bytes;
-  for (const GpuLayer& L : layers)
-    plan.weights += L.attn_norm.bytes + L.w_qkv.bytes + L.b_qkv.bytes + L.q_norm.bytes + L.k_norm.bytes +
-                    L.wo.bytes + L.mlp_norm.bytes + L.w_gu.bytes + L.w_down.bytes;
+  plan.weights = bytes();
   if (o.slots < 1 || o.slots > kLogitRows)
     throw std::invalid_argument("gpu: slots must be in [1, " + std::to_string(kLogitRows) + "], got " +
                                 std::to_string(o.slots));
@@ -192,6 +189,17 @@ GpuModel::GpuModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GpuModel::~GpuModel() = default;
 const ModelConfig& GpuModel::config() const { return impl_->c; }
 const GpuPlan& GpuModel::plan() const { return impl_->plan; }
+size_t GpuWeights::bytes() const {
+  size_t b = embed.bytes + lm_head.bytes + final_norm.bytes;
+  for (const GpuLayer& L : layers)
+    b += L.attn_norm.bytes + L.w_qkv.bytes + L.b_qkv.bytes + L.q_norm.bytes + L.k_norm.bytes + L.wo.bytes +
+         L.mlp_norm.bytes + L.w_gu.bytes + L.w_down.bytes;
+  return b;
+}
+
+const GpuWeights& GpuModel::weights() const { return *impl_; }
+GpuExec GpuModel::exec() const { return GpuExec{impl_->stream, impl_->gemm.get(), *impl_->o.attention}; }
+
 int GpuModel::slots() const { return static_cast<int>(impl_->slots.size()); }
 int GpuModel::length(int slot) const { return impl_->slot_at(slot).length; }
 int GpuModel::max_ctx() const { return impl_->o.max_ctx; }
