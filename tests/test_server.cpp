@@ -1456,6 +1456,70 @@ TEST(ServerLimits, LongPrefillInterleavesWithDecode) {
 }
 
 namespace {
+// The CPU backend with another admission count (as the GPU's pages differ from the CPU's cache bytes): 2000 "bytes"
+// a request, 5000 past 300 positions; it records how many sequences hold a slot at once.
+struct CountingBackend : RecordingBackend {
+  using RecordingBackend::RecordingBackend;
+  int live = 0, most = 0;
+  size_t kv_bytes_for(int, int capacity, const RoutingTable&) const override { return capacity > 300 ? 5000 : 2000; }
+  void prefill_start(int s, const std::vector<int32_t>& p, int c, const RoutingTable* r,
+                     const PromptRouter* ro) override {
+    {
+      std::lock_guard g(mu);
+      most = std::max(most, ++live);
+    }
+    RecordingBackend::prefill_start(s, p, c, r, ro);
+  }
+  void release(int s) override {
+    {
+      std::lock_guard g(mu);
+      --live;
+    }
+    RecordingBackend::release(s);
+  }
+};
+}  // namespace
+
+// Admission counts what the backend says a request holds (BatchBackend::kv_bytes_for), not the CPU cache's bytes:
+// with a budget of 2500 and 2000 a request, three concurrent requests run one at a time although the CPU caches
+// would fit all three; one the backend counts past the budget gets 400.
+TEST(ServerLimits, AdmissionFollowsTheBackendsCount) {
+  const std::string dir = write_tiny_qwen3("server_backend_count", false);
+  Model m = Model::load(dir), mb = Model::load(dir);
+  auto be = std::make_shared<CountingBackend>(cpu_batch_backend(mb, 3, 64));
+  ServerOptions o;
+  o.port = 0;
+  o.max_context = 512;
+  o.threads = 1;
+  o.max_slots = 3;
+  o.kv_budget_bytes = 2500;
+  o.batch_backend = be;
+  Server srv(std::move(m), dir, o);
+  srv.start();
+  std::vector<std::thread> th;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 3; ++i)
+    th.emplace_back([&, i] {
+      httplib::Client ci = client_of(srv.port());
+      int st = 0;
+      post_json(ci, "/v1/completions",
+                {{"prompt", "queue " + std::to_string(i)}, {"max_tokens", 60}, {"ignore_eos", true}, {"temperature", 0}},
+                &st);
+      if (st == 200) ++ok;
+    });
+  for (auto& t : th) t.join();
+  EXPECT_EQ(ok, 3);
+  EXPECT_EQ(be->most, 1) << "requests the backend counts at 2000 of 2500 ran together";
+  httplib::Client c = client_of(srv.port());
+  int st = 0;
+  json big = post_json(c, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 350}}, &st);
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(big["error"]["code"], "kv_budget_exceeded");
+  srv.stop();
+  fs::remove_all(dir);
+}
+
+namespace {
 // A router that fails: an engine failure after the request was accepted.
 struct FailingRouter : AllStreamingRouter {
   void decide(int, const float*, HeadMode*) const override { throw std::runtime_error("router exploded"); }
