@@ -53,24 +53,60 @@ for R in $ROUTINGS; do
     for C in $CONC; do
       N=$((C * 3 > 8 ? C * 3 : 8))
       echo "routing $R, --parallel $P, concurrency $C: $N requests"
+      curl -s "http://127.0.0.1:$port/metrics" > "$O/m_before.txt"
       python3 scripts/load_test.py --url "http://127.0.0.1:$port" --requests "$N" --concurrency "$C" \
         --max-tokens "$MAXTOK" --stream --prompt-tokens "$PROMPT" --vocab "$V" --seconds "$SECS" --json \
-        | python3 -c "import json,sys; j=json.loads(sys.stdin.read()); j.update(routing='$R', parallel=$P); print(json.dumps(j))" \
-        | tee -a "$O/serve_load.jsonl"
+        > "$O/run.json"
+      curl -s "http://127.0.0.1:$port/metrics" > "$O/m_after.txt"
+      # Token-id prompts without a tokenizer stream no text, so the client sees no per-token events: TTFT and
+      # inter-token latency come from the server's histograms over this run (quantiles interpolated in buckets).
+      python3 - "$O/run.json" "$O/m_before.txt" "$O/m_after.txt" "$R" "$P" <<'PY' | tee -a "$O/serve_load.jsonl"
+import json, re, sys
+run = json.load(open(sys.argv[1]))
+def hist(path, name):
+    h = {}
+    for line in open(path):
+        m = re.match(r'%s_bucket\{le="([^"]+)"\} (\S+)' % name, line)
+        if m:
+            h[float("inf") if m.group(1) == "+Inf" else float(m.group(1))] = float(m.group(2))
+    return h
+def quantile(before, after, q):
+    bounds = sorted(after)
+    cum = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = cum[-1] if cum else 0
+    if total <= 0:
+        return float("nan")
+    want, lo, prev = q * total, 0.0, 0.0
+    for b, c in zip(bounds, cum):
+        if c >= want:
+            if b == float("inf"):
+                return lo
+            return lo + (b - lo) * (want - prev) / max(c - prev, 1e-12)
+        lo, prev = b, c
+    return lo
+for key, name in (("server_ttft", "elastic_time_to_first_token_seconds"), ("server_itl", "elastic_inter_token_latency_seconds")):
+    b, a = hist(sys.argv[2], name), hist(sys.argv[3], name)
+    run[key + "_p50"], run[key + "_p99"] = quantile(b, a, 0.5), quantile(b, a, 0.99)
+run.update(routing=sys.argv[4], parallel=int(sys.argv[5]))
+print(json.dumps(run))
+PY
     done
     curl -s "http://127.0.0.1:$port/metrics" | grep -E "^elastic_(kv_cache|decode|requests_running)" > "$O/metrics_${R}_p$P.txt"
     kill $pid; wait $pid 2>/dev/null
+    rm -f "$O/m_before.txt" "$O/m_after.txt" "$O/run.json"
   done
 done
 python3 - "$O/serve_load.jsonl" "$O/serve_load.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-out = ["| routing | --parallel | clients | ok/sent | requests/s | output tok/s | TTFT p50 / p99 s | inter-token p50 / p99 ms |",
-       "|---|---|---|---|---|---|---|---|"]
+out = ["| routing | --parallel | clients | ok/sent | requests/s | output tok/s | latency p50 / p99 s | "
+       "TTFT p50 / p99 s (server) | inter-token p50 / p99 ms (server) |",
+       "|---|---|---|---|---|---|---|---|---|"]
 for r in rows:
-    out.append("| %s | %d | %d | %d/%d | %.2f | %.1f | %.2f / %.2f | %.1f / %.1f |" % (
+    out.append("| %s | %d | %d | %d/%d | %.2f | %.1f | %.2f / %.2f | %.2f / %.2f | %.1f / %.1f |" % (
         r["routing"], r["parallel"], r["concurrency"], r["ok"], r["sent"], r["requests_per_s"],
-        r["completion_tokens_per_s"], r["ttft_p50"], r["ttft_p99"], 1e3 * r["itl_p50"], 1e3 * r["itl_p99"]))
+        r["completion_tokens_per_s"], r["latency_p50"], r["latency_p99"], r["server_ttft_p50"],
+        r["server_ttft_p99"], 1e3 * r["server_itl_p50"], 1e3 * r["server_itl_p99"]))
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 PY
