@@ -1195,6 +1195,8 @@ TEST(ServerLimits, RouterBudgetAndNoChatTemplate) {
   EXPECT_LE(metric(c, "elastic_time_to_first_token_seconds_bucket{le=\"0.01\"}"),
             metric(c, "elastic_time_to_first_token_seconds_bucket{le=\"120\"}"));  // cumulative
   EXPECT_EQ(metric(c, "elastic_kv_cache_bytes_if_full"), 0);  // nothing running
+  EXPECT_EQ(metric(c, "elastic_kv_cache_bytes_held"), 0);
+  EXPECT_EQ(metric(c, "elastic_kv_cache_bytes_unheld"), double(o.kv_budget_bytes));
   EXPECT_EQ(metric(c, "elastic_kv_cache_bytes_saved"), 0);
   srv.stop();
   fs::remove_all(dir);
@@ -1507,9 +1509,18 @@ TEST(ServerLimits, AdmissionFollowsTheBackendsCount) {
                 &st);
       if (st == 200) ++ok;
     });
+  // While they run, /metrics shows what the running one holds (the CPU cache of a 60-token request).
+  httplib::Client watch = client_of(srv.port());
+  double held = 0;
+  for (int i = 0; i < 400 && held == 0 && ok < 3; ++i) {
+    held = metric(watch, "elastic_kv_cache_bytes_held");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   for (auto& t : th) t.join();
   EXPECT_EQ(ok, 3);
   EXPECT_EQ(be->most, 1) << "requests the backend counts at 2000 of 2500 ran together";
+  if (held > 0) EXPECT_LE(held, 2 * kv_cache_bytes_for(Model::load(dir).config, 512, RoutingTable::all_full(2, 1)));
+  EXPECT_EQ(metric(watch, "elastic_kv_cache_bytes_held"), 0) << "nothing runs";
   httplib::Client c = client_of(srv.port());
   int st = 0;
   json big = post_json(c, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 350}}, &st);

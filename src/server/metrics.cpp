@@ -73,6 +73,12 @@ std::string Metrics::render() {
          msr_count ? esr_sum / msr_count : 0.0);
   metric(o, "elastic_kv_cache_bytes", "gauge", "KV-cache bytes reserved by running requests.", double(kv_bytes_in_use));
   metric(o, "elastic_kv_cache_budget_bytes", "gauge", "KV-cache byte budget.", double(kv_budget));
+  metric(o, "elastic_kv_cache_bytes_held", "gauge",
+         "KV-cache bytes the running requests hold now (on the GPU: pages in use, growing as they decode).",
+         double(kv_bytes_held));
+  metric(o, "elastic_kv_cache_bytes_unheld", "gauge",
+         "Budget bytes no running request holds now (on the GPU: the page pool's free pages).",
+         kv_budget > kv_bytes_held ? double(kv_budget - kv_bytes_held) : 0.0);
   metric(o, "elastic_kv_cache_bytes_if_full", "gauge",
          "KV-cache bytes the running requests would hold were every head full.", double(kv_bytes_if_full));
   metric(o, "elastic_kv_cache_bytes_saved", "gauge",

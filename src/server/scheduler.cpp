@@ -120,6 +120,18 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
   cv_.notify_all();
 }
 
+void Scheduler::publish_held() {
+  size_t held = 0;
+  auto add = [&](const auto& list) {
+    for (const auto& a : list)
+      if (!a->finished && a->slot >= 0) held += be_->kv_bytes(a->slot);
+  };
+  add(active_);
+  add(prefilling_);
+  std::lock_guard g(met_.mu);
+  met_.kv_bytes_held = held;
+}
+
 void Scheduler::publish_gauges_locked() {
   std::lock_guard g(met_.mu);
   met_.kv_bytes_in_use = kv_in_use_;
@@ -413,6 +425,7 @@ void Scheduler::loop() {
     for (auto& a : active_)
       if (!a->finished && a->job->cancelled) finish(*a, "cancelled");
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->finished; });
+    publish_held();
     if (active_.empty()) continue;
 
     // One decode step for every running request, batched where the backend batches.
@@ -436,6 +449,7 @@ void Scheduler::loop() {
     for (size_t b = 0; b < active_.size(); ++b)
       on_token(*active_[b], active_[b]->sampler.sample(logits.data() + b * static_cast<size_t>(V), V));
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->finished; });
+    publish_held();
   }
 }
 

@@ -93,6 +93,7 @@ struct Metrics {
   // Gauges (set by the scheduler).
   size_t kv_bytes_in_use = 0, kv_budget = 0;
   size_t kv_bytes_if_full = 0;  // what the running requests would hold were every head full (routing saves the rest)
+  size_t kv_bytes_held = 0;     // what the running requests hold now (the GPU's pages in use; grows as they decode)
   int running = 0, waiting = 0, max_slots = 0;
   std::string render();  // Prometheus text exposition
 };
@@ -173,6 +174,7 @@ class Scheduler {
   struct Active;
   void loop();
   void publish_gauges_locked();
+  void publish_held();  // engine thread: the running requests' KV bytes now (BatchBackend::kv_bytes)
   // An error carries its HTTP status and code (ended with reason "error").
   void finish(Active& a, const std::string& reason, const std::string& error = "", int status = 500,
               const std::string& code = "generation_failed");
