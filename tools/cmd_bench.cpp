@@ -452,7 +452,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
         }
       }
       if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.parts.empty(); })) {
-        // Shares of one uncaptured step's GPU time; "replay" is the graph step (1 / decode tok/s): what the parts
+        // Shares of one uncaptured step's GPU time; "replay" is the graph step (batch / decode tok/s): what the parts
         // add up to beyond it is the gaps between launches that the graph removes.
         std::printf("\n| ctx | mode | replay ms | parts sum ms |");
         for (const char* p : cuda::GpuDecodeParts::kNames) std::printf(" %s |", p);
@@ -463,7 +463,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
           if (r.parts.empty()) continue;
           double sum = 0;
           for (double x : r.parts) sum += x;
-          std::printf("| %d | %s | %s | %.3f |", r.ctx, r.mode.c_str(), fmt_or_dash(1e3 / r.tg, "%.3f").c_str(), sum);
+          std::printf("| %d | %s | %s | %.3f |", r.ctx, r.mode.c_str(), fmt_or_dash(1e3 * r.batch / r.tg, "%.3f").c_str(), sum);
           for (double x : r.parts) std::printf(" %.3f (%.0f%%) |", x, 100 * x / sum);
           std::printf("\n");
         }
