@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # GPU machine: the continuous-batching GPU server under load (issue 26), random weights of a named shape. For each
-# routing in ROUTINGS (full; hybrid: 70% of KV heads streaming, drawn with a fixed seed; ssa: all streaming;
-# sink 128 + window 2048, block 128) and each --parallel P in
-# PARALLEL (1 is the one-request-at-a-time server, run in the same call as the anchor), starts
+# routing in ROUTINGS (full; hybrid: 70% of KV heads streaming, drawn with a fixed seed; ssa: all streaming; sink 128
+# + window 2048, block 128) and each --parallel P in PARALLEL (1 is the one-request-at-a-time server, the anchor in
+# the same call), starts
 #   elastic serve --device cuda --shape SHAPE -c CTX --parallel P [--routing ...] [--kv-budget-mib POOL_MIB]
-# and runs scripts/load_test.py at each concurrency in CONC (streamed, prompts of PROMPT random token ids, MAXTOK
-# tokens each). Writes $OUT/serve_load.jsonl (one line per run) and $OUT/serve_load.md; each server's stderr is
-# $OUT/serve_<routing>_p<P>.log. Binaries from .gpucarry (bash scripts/gpu_carry.sh).
-# Env: SHAPE (qwen3-4b), CTX (16384), PROMPT (8000), MAXTOK (64), PARALLEL ("1 16"), CONC ("1 4 16 64"),
-#      ROUTINGS ("full hybrid ssa"), POOL_MIB (unset: --parallel x every head full at CTX), SECONDS_PER_RUN (60).
+# and runs scripts/load_test.py for each prompt length in PROMPTS and concurrency in CONC (streamed, random token-id
+# prompts, MAXTOK tokens each). Writes $OUT/serve_load.jsonl (one line per run) and $OUT/serve_load.md; each
+# server's stderr is $OUT/serve_<routing>_p<P>.log. Binaries from .gpucarry (bash scripts/gpu_carry.sh).
+# Env: SHAPE (qwen3-4b), PROMPTS ("4000 8000 32000"; PROMPT=N is one), CTX (the longest prompt + MAXTOK),
+#      MAXTOK (64), PARALLEL ("1 16"), CONC ("1 4 16 64"), ROUTINGS ("full hybrid ssa"),
+#      POOL_MIB (unset: --parallel x every head full at CTX), SECONDS_PER_RUN (60).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
-SHAPE=${SHAPE:-qwen3-4b}; CTX=${CTX:-16384}; PROMPT=${PROMPT:-8000}; MAXTOK=${MAXTOK:-64}
+SHAPE=${SHAPE:-qwen3-4b}; PROMPTS=${PROMPTS:-${PROMPT:-"4000 8000 32000"}}; MAXTOK=${MAXTOK:-64}
+longest=$(for x in $PROMPTS; do echo "$x"; done | sort -n | tail -1)
+CTX=${CTX:-$((longest + MAXTOK))}
 PARALLEL=${PARALLEL:-"1 16"}; CONC=${CONC:-"1 4 16 64"}; ROUTINGS=${ROUTINGS:-"full hybrid ssa"}
 SECS=${SECONDS_PER_RUN:-60}
 [ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry
@@ -50,9 +53,10 @@ for R in $ROUTINGS; do
       > "$O/serve_${R}_p$P.log" 2>&1 &
     pid=$!
     for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 1; done
+    for PROMPT in $PROMPTS; do
     for C in $CONC; do
       N=$((C * 3 > 8 ? C * 3 : 8))
-      echo "routing $R, --parallel $P, concurrency $C: $N requests"
+      echo "routing $R, --parallel $P, prompts of $PROMPT, concurrency $C: $N requests"
       curl -s "http://127.0.0.1:$port/metrics" > "$O/m_before.txt"
       python3 scripts/load_test.py --url "http://127.0.0.1:$port" --requests "$N" --concurrency "$C" \
         --max-tokens "$MAXTOK" --stream --prompt-tokens "$PROMPT" --vocab "$V" --seconds "$SECS" --json \
@@ -91,6 +95,7 @@ run.update(routing=sys.argv[4], parallel=int(sys.argv[5]))
 print(json.dumps(run))
 PY
     done
+    done
     curl -s "http://127.0.0.1:$port/metrics" | grep -E "^elastic_(kv_cache|decode|requests_running)" > "$O/metrics_${R}_p$P.txt"
     kill $pid; wait $pid 2>/dev/null
     rm -f "$O/m_before.txt" "$O/m_after.txt" "$O/run.json"
@@ -99,12 +104,12 @@ done
 python3 - "$O/serve_load.jsonl" "$O/serve_load.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-out = ["| routing | --parallel | clients | ok/sent | requests/s | output tok/s | latency p50 / p99 s | "
+out = ["| prompt | routing | --parallel | clients | ok/sent | requests/s | output tok/s | latency p50 / p99 s | "
        "TTFT p50 / p99 s (server) | inter-token p50 / p99 ms (server) |",
-       "|---|---|---|---|---|---|---|---|---|"]
+       "|---|---|---|---|---|---|---|---|---|---|"]
 for r in rows:
-    out.append("| %s | %d | %d | %d/%d | %.2f | %.1f | %.2f / %.2f | %.2f / %.2f | %.1f / %.1f |" % (
-        r["routing"], r["parallel"], r["concurrency"], r["ok"], r["sent"], r["requests_per_s"],
+    out.append("| %d | %s | %d | %d | %d/%d | %.2f | %.1f | %.2f / %.2f | %.2f / %.2f | %.1f / %.1f |" % (
+        r["prompt_tokens"], r["routing"], r["parallel"], r["concurrency"], r["ok"], r["sent"], r["requests_per_s"],
         r["completion_tokens_per_s"], r["latency_p50"], r["latency_p99"], r["server_ttft_p50"],
         r["server_ttft_p99"], 1e3 * r["server_itl_p50"], 1e3 * r["server_itl_p99"]))
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
