@@ -99,6 +99,12 @@ expect_fail "--text needs -m" $BIN bench --text /etc/hostname -c 128
 expect_fail "--density counts blocks on the CPU" $BIN bench --device cuda --density $TMP/d.md -c 128
 $BIN bench -c 256 --modes full,xattn -r 1 --density $TMP/dens.md >/dev/null 2>&1 && grep -q "heads select blocks" $TMP/dens.md &&
   [ -s $TMP/dens_xattn_256.svg ] && [ ! -e $TMP/dens_full_256.svg ] || { echo "FAIL: bench --density"; fails=$((fails+1)); }
+# The paper's configurations as bench modes: xa-ssa's dense class is XAttention (its heads select blocks) and every
+# head is sparse in Omega_MSR's count.
+expect_fail "fa-ssa@, fa-xa@, xa-ssa@" $BIN bench -c 128 --modes xa-xa@0.5
+$BIN bench -c 256 --modes xa-ssa@0.5 -r 1 --density $TMP/xs.md -o csv > $TMP/xs.csv 2>/dev/null &&
+  grep -q "heads select blocks" $TMP/xs.md && grep -q ",xa-ssa@0.5,1.000," $TMP/xs.csv ||
+  { echo "FAIL: bench --modes xa-ssa@0.5"; fails=$((fails+1)); }
 expect_fail "no tokenizer.json" $BIN bench -m $FX/qwen3_tiny --text /etc/hostname -c 128
 echo "a short prompt" > $TMP/short.txt
 [ ! -f "$SRC/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] ||

@@ -20,6 +20,7 @@
 #include "elastic/model_shapes.h"
 #include "elastic/output_file.h"
 #include "elastic/plot_svg.h"
+#include "elastic/router.h"
 #include "elastic/sparse_pattern.h"
 #include "elastic/text_file.h"
 #include "elastic/tokenizer.h"
@@ -70,19 +71,33 @@ int parse_ctx(const std::string& s) {
 }
 
 // "full" | "ssa" | "xattn" | "hybrid@<omega>" (FA + SSA) | "hybrid-xa@<omega>" (FA + XAttention)
+// A mode: full, ssa or xattn (every head), or CONFIG@OMEGA with CONFIG one of the paper's configurations fa-ssa,
+// fa-xa, xa-ssa (router.h's names; hybrid and hybrid-xa are fa-ssa and fa-xa): round(OMEGA x heads) heads drawn
+// with the seed run the sparse class's mode, the rest the dense class's.
 RoutingTable routing_for(const std::string& mode, const ModelConfig& c, const SparseSettings& s, uint64_t seed) {
   RoutingTable r;
   if (mode == "full" || mode == "ssa" || mode == "xattn") {
     r = RoutingTable::uniform(c.n_layers, c.n_kv_heads, parse_head_mode(mode));
   } else {
-    const bool xa = mode.rfind("hybrid-xa@", 0) == 0;
-    if (!xa && mode.rfind("hybrid@", 0) != 0) throw std::runtime_error("bench: unknown mode '" + mode + "'");
-    const std::string v = mode.substr(xa ? 10 : 7);
+    const size_t at = mode.find('@');
+    std::string cfg = at == std::string::npos ? mode : mode.substr(0, at);
+    if (cfg == "hybrid") cfg = "fa-ssa";
+    if (cfg == "hybrid-xa") cfg = "fa-xa";
+    HeadMode dense = HeadMode::Full, sparse = HeadMode::Streaming;
+    try {
+      parse_router_config(cfg, dense, sparse);
+    } catch (const std::invalid_argument&) {
+      throw std::runtime_error("bench: unknown mode '" + mode +
+                               "' (full, ssa, xattn, or fa-ssa@, fa-xa@, xa-ssa@ (hybrid@, hybrid-xa@) with an Omega)");
+    }
+    const std::string v = at == std::string::npos ? "" : mode.substr(at + 1);
     char* end = nullptr;
     const double omega = std::strtod(v.c_str(), &end);
     if (v.empty() || *end || !(omega >= 0 && omega <= 1))
       throw std::runtime_error("bench: mode '" + mode + "' needs an Omega in [0, 1]");
-    r = random_routing(c.n_layers, c.n_kv_heads, omega, xa ? HeadMode::XAttn : HeadMode::Streaming, seed);
+    r = random_routing(c.n_layers, c.n_kv_heads, omega, sparse, seed);
+    for (HeadMode& m : r.mode)
+      if (m == HeadMode::Full) m = dense;  // the dense class's heads
   }
   r.sparse = s;
   return r;
@@ -171,7 +186,10 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--vocab", o->vocab, "Override the shape's vocabulary (embedding memory)")
       ->check(in_range(1, kMaxTokens));
   sub->add_option("-c,--ctx", o->ctx, "Comma list of prompt lengths (k = 1024)");
-  sub->add_option("--modes", o->modes, "Comma list: full, ssa, xattn, hybrid@OMEGA (FA+SSA), hybrid-xa@OMEGA");
+  sub->add_option("--modes", o->modes,
+                  "Comma list: full, ssa, xattn, or the paper's configurations with Omega_MSR: fa-ssa@OMEGA (alias "
+                  "hybrid@), fa-xa@OMEGA (hybrid-xa@), xa-ssa@OMEGA (OMEGA: the sparse class's share of KV heads; the "
+                  "table's Omega_MSR counts every head that is not full, so xa-ssa rows show 1)");
   sub->add_option("-r,--repeats", o->reps, "Repeats per row")->check(in_range(1, 10000));
   sub->add_option("--chunk", o->chunk, "Prefill chunk size")->check(in_range(1, kMaxTokens));
   add_sparse_options(sub, o->sparse);
