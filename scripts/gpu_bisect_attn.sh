@@ -4,8 +4,9 @@
 # kernel:options combination (ELASTIC_ATTN_KERNEL, ELASTIC_ATTN_OPTS: bit 0 adjacent tile pairs, bit 1 bulk-store
 # epilogue), then compute-sanitizer memcheck on that test alone under ELASTIC_ATTN_KERNEL=overlap. Needs .gpucarry/
 # (scripts/gpu_carry.sh).
-# Env: COMBOS (default "overlap:0 wgmma:1": the overlap loop with the old pairing and stores, and v4 with the new
-# pairing; one suite run takes 90-115 s, so with memcheck at most 3 combinations fit one 10-minute call),
+# Env: COMBOS (default "overlap:0 overlap:3 simple:0": the engine's kernels, the overlap loop with the old and the
+# new pairing and stores; the measurement variants run from dev/cuda, not through the variable; one suite run takes
+# 90-115 s, so with memcheck at most 3 combinations fit one 10-minute call),
 # SUITE_TIMEOUT (150),
 # SKIP_MEMCHECK, TOOLS (compute-sanitizer tools, default memcheck), TOOL_KERNEL (overlap), TOOL_FILTER,
 # MEMCHECK_TIMEOUT (200 per tool).

@@ -70,7 +70,6 @@ int parse_ctx(const std::string& s) {
   return static_cast<int>(v);
 }
 
-// "full" | "ssa" | "xattn" | "hybrid@<omega>" (FA + SSA) | "hybrid-xa@<omega>" (FA + XAttention)
 // A mode: full, ssa or xattn (every head), or CONFIG@OMEGA with CONFIG one of the paper's configurations fa-ssa,
 // fa-xa, xa-ssa (router.h's names; hybrid and hybrid-xa are fa-ssa and fa-xa): round(OMEGA x heads) heads drawn
 // with the seed run the sparse class's mode, the rest the dense class's.

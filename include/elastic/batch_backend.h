@@ -1,7 +1,8 @@
 #pragma once
 // Several sequences at once, each in a slot: what the server's scheduler runs on, the same on every device. The CPU
 // model batches its decode steps (decode_batch: one GEMM over every slot's row, attention per slot under its own
-// routing); a SequenceBackend (the GPU model until it batches) serves one slot.
+// routing), the GPU model too (cuda::gpu_batch_backend over GpuModel::decode_batch); single_slot_backend puts one
+// slot on any SequenceBackend.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -15,12 +16,12 @@ class BatchBackend {
  public:
   virtual ~BatchBackend() = default;
   virtual int slots() const = 0;
-  // True when each sequence's KV memory is allocated for it (the CPU's caches, sized by kv_cache_bytes_for), so
-  // admission reserves bytes against a budget; false when the backend holds its memory already (the GPU's pages).
+  // True when admission reserves each sequence's KV memory (kv_bytes_for) against a budget: the CPU's caches, the
+  // GPU's page pool; false when the backend holds its memory up front (one SequenceBackend slot).
   virtual bool budgets_kv() const = 0;
   // The most KV bytes a sequence under `routing` holds from a prefill of `prompt` positions until it reaches
   // `capacity` positions: what admission reserves against the budget (a router's request reserves all full until
-  // its prefill has decided). The CPU's hybrid caches (kv_cache_bytes_for), the GPU's pages (pages_for).
+  // its prefill has decided). The CPU's hybrid caches (kv_cache_bytes_for), the GPU's pages (pages_for_layer_major).
   virtual size_t kv_bytes_for(int prompt, int capacity, const RoutingTable& routing) const = 0;
   // Starts a sequence in free slot `slot` with room for `capacity` positions: prefill of `prompt` under `routing`,
   // or `router`'s decisions, in bounded steps, so the scheduler can run the other slots' decode steps between them

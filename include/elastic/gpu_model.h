@@ -114,8 +114,8 @@ class GpuModel {
   // The same prefill in steps, for a server: prefill_begin drops the slot's previous sequence and embeds the prompt;
   // each prefill_step runs one chunk of one layer (a router decides a layer at its first chunk) and returns true
   // when the last layer is done; then prefill_end writes the logits and makes the sequence live. One prefill runs at
-  // a time: beginning another while one runs throws std::logic_error; release() of its slot drops it. A step that
-  // throws drops the prefill and its pages.
+  // a time: beginning one in another slot while one runs throws std::logic_error (beginning again in the same slot
+  // restarts it); release() of its slot drops it. A step that throws drops the prefill and its pages.
   void prefill_begin(int slot, const int32_t* ids, int T, const RoutingTable* routing, const PromptRouter* router);
   bool prefill_step();
   void prefill_end(std::vector<float>* logits, bool all_logits, GpuPrefillStats* stats = nullptr);
@@ -143,7 +143,7 @@ class GpuModel {
   size_t kv_bytes(int slot = 0) const;  // K and V bytes of the pages the slot's sequence holds now (they grow)
   size_t kv_bytes_all_full(int slot = 0) const;  // the pages it would hold now were every head full
   // The most K and V bytes a sequence under `routing` holds from a prefill of `prompt` positions to `capacity`
-  // positions (pages_for): what a server reserves to admit it. kv_pool_bytes() is the whole pool.
+  // positions (pages_for_layer_major): what a server reserves to admit it. kv_pool_bytes() is the whole pool.
   size_t kv_bytes_for(int prompt, int capacity, const RoutingTable& routing) const;
   size_t kv_pool_bytes() const;
   // Copies slot `from`'s live sequence into slot `to` (dropping what `to` held): the same routing, length and K/V,

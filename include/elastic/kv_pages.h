@@ -7,8 +7,8 @@
 // streaming_keeps() (attention.h): the same one the CPU reference, the prefill kernels and the hybrid cache follow.
 //
 // This is bookkeeping only (page ids and counts, no K/V storage): the CPU or GPU backend owns the storage
-// [n_pages, page_size, head_dim] and reads it through HeadPages::pages. An engine-level object: the server admits
-// requests by PagePool::free_pages() and pages_for().
+// [n_pages, page_size, head_dim] and reads it through HeadPages::pages. An engine-level object: the GPU server admits
+// requests by what they will hold (pages_for_layer_major, through BatchBackend::kv_bytes_for) against the pool.
 #include <cstdint>
 #include <stdexcept>
 #include <string>

@@ -52,9 +52,9 @@ struct ServerOptions {
   int http_threads = 0;            // HTTP workers for POST requests; 0 = max_slots + 16 (GETs have 2 of their own)
   std::string tokenizer_path;      // default: model_tokenizer_path(model_dir): a GGUF file itself, else tokenizer.json
   bool log_requests = false;       // one line per request to stderr
-  // When set, requests run on this backend (e.g. the GPU model, `serve --device cuda`) one at a time instead of on
-  // the CPU model in batches: max_slots must be 1 and max_context at most the backend's capacity. The model still
-  // supplies the config; `policy` the routing.
+  // When set, requests run on this backend one at a time (single_slot_backend) instead of on the CPU model in
+  // batches: max_slots must be 1 and max_context at most the backend's capacity. The model still supplies the config;
+  // `policy` the routing. (`serve --device cuda` uses batch_backend, below: the GPU model's slots.)
   std::shared_ptr<SequenceBackend> backend;
   // When set (and `backend` is not), requests run on this batch backend's slots instead of the CPU model's own
   // (cpu_batch_backend); max_slots must not exceed its slots. The model still supplies the config; `policy` the routing.

@@ -1,5 +1,6 @@
-// The GPU model as a SequenceBackend: the engine's generate, `eval --device cuda` and `serve --device cuda` run
-// every prefill (routed by a table or by the router, layer by layer) and decode step on the device.
+// The GPU model's slot 0 as a SequenceBackend: the engine's generate and `eval --device cuda` run every prefill
+// (routed by a table or by the router, layer by layer) and decode step on the device. (`serve --device cuda` runs on
+// all its slots: gpu_batch_backend.cpp.)
 #include <memory>
 
 #include "elastic/sequence_backend.h"

@@ -98,7 +98,7 @@ struct Metrics {
   std::string render();  // Prometheus text exposition
 };
 
-// ---- scheduler.cpp (kv_cache_bytes_for is declared in elastic/server.h)
+// ---- scheduler.cpp (admission counts BatchBackend::kv_bytes_for)
 
 // What a finished (or running) request reports in its "elastic" and "usage" fields.
 struct JobSummary {
@@ -151,7 +151,8 @@ struct Job {
 struct SchedulerOptions {
   std::shared_ptr<SequenceBackend> backend;  // one sequence at a time on it (max_slots 1), instead of the CPU model's
                                              // slots (cpu_batch_backend)
-  std::shared_ptr<BatchBackend> batch_backend;  // or these slots (max_slots at most its slots)
+  std::shared_ptr<BatchBackend> batch_backend;  // or these slots (max_slots at most its slots): the GPU model's
+                                                // (cuda::gpu_batch_backend) or a test's
   int max_slots = 4;
   int max_queue = 64;  // waiting requests; submit() refuses one more with 429
   size_t kv_budget_bytes = size_t(1) << 30;
