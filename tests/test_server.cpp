@@ -1094,6 +1094,44 @@ TEST_F(ServerHttp, SpecialTokensInContentAreText) {
   loose.stop();
 }
 
+// "return_token_ids": the response's "elastic" object lists the sampled ids (EOS included), in the final response and
+// in a stream's last chunk; they detokenize to the text; absent unless asked; a non-boolean is a 400 naming it.
+TEST_F(ServerHttp, ReturnTokenIdsListsTheSampledIds) {
+  auto c = client();
+  int st = 0;
+  const json r = post_json(c, "/v1/completions",
+                           {{"prompt", "Token ids please"}, {"max_tokens", 12}, {"temperature", 0}, {"return_token_ids", true}},
+                           &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  const auto ids = r["elastic"]["token_ids"].get<std::vector<int32_t>>();
+  EXPECT_EQ(int(ids.size()), r["usage"]["completion_tokens"].get<int>());
+  std::vector<int32_t> text_ids;  // the ids without a trailing EOS (which is not text)
+  for (int32_t id : ids) text_ids.push_back(id);
+  if (r["choices"][0]["finish_reason"] == "stop" && !text_ids.empty()) text_ids.pop_back();
+  const json d = post_json(c, "/detokenize", {{"tokens", text_ids}}, &st);
+  EXPECT_EQ(d["prompt"], r["choices"][0]["text"]);
+  const json plain = post_json(c, "/v1/completions", {{"prompt", "Token ids please"}, {"max_tokens", 12}, {"temperature", 0}}, &st);
+  EXPECT_FALSE(plain["elastic"].contains("token_ids"));
+  // Streamed: the last chunk carries them.
+  auto res = c.Post("/v1/completions",
+                    json{{"prompt", "Token ids please"}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true},
+                         {"return_token_ids", true}}.dump(),
+                    "application/json");
+  ASSERT_TRUE(res);
+  std::vector<int32_t> streamed;
+  std::istringstream lines(res->body);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("data: {", 0) == 0) {
+      const json ev = json::parse(line.substr(6));
+      if (ev.contains("elastic") && ev["elastic"].contains("token_ids"))
+        streamed = ev["elastic"]["token_ids"].get<std::vector<int32_t>>();
+    }
+  EXPECT_EQ(streamed, ids);
+  const json bad = post_json(c, "/v1/completions", {{"prompt", "x"}, {"return_token_ids", "yes"}}, &st);
+  EXPECT_EQ(st, 400);
+  EXPECT_NE(bad.dump().find("return_token_ids"), std::string::npos) << bad.dump();
+}
+
 // A seeded request samples the same text alone and batched with others (per-request generator, batch-invariant
 // logits). top_p sorts the candidates, so a last-bit difference between two near-equal logits already flips a draw.
 TEST_F(ServerHttp, SeededSamplingIsBatchInvariant) {

@@ -868,6 +868,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   if (!spec.seed_given) job->sampler.seed = std::random_device{}();
   job->stop = spec.stop;
   job->stop_at_eos = !spec.ignore_eos;
+  job->return_ids = spec.return_token_ids;
   job->capacity = n + max_tokens;
   sched->submit(job);  // reserves job->kv_bytes by its backend's rule
 

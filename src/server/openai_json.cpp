@@ -128,6 +128,7 @@ void parse_common(const json& b, GenSpec& s) {
   const long long n = integer(b, "n", 1, 1, 1 << 20);
   if (n != 1) throw ApiError(400, "only n = 1 is supported", "n", "unsupported_value");
   s.ignore_eos = boolean(b, "ignore_eos", false);
+  s.return_token_ids = boolean(b, "return_token_ids", false);
   if (const json* st = get(b, "stop")) {
     if (st->is_string()) {
       s.stop.push_back(st->get<std::string>());
@@ -220,7 +221,7 @@ json usage_json(const JobSummary& s) {
 }
 
 json elastic_json(const JobSummary& s) {
-  return {{"omega_msr", s.omega_msr},
+  json j = {{"omega_msr", s.omega_msr},
           {"omega_esr", s.omega_esr},
           {"kv_cache_bytes", s.kv_cache_bytes},
           {"kv_cache_bytes_if_full", s.kv_cache_bytes_if_full},
@@ -228,6 +229,8 @@ json elastic_json(const JobSummary& s) {
           {"queue_seconds", s.queue_s},
           {"prefill_seconds", s.prefill_s},
           {"decode_seconds", s.decode_s}};
+  if (s.with_ids) j["token_ids"] = s.token_ids;
+  return j;
 }
 
 json completion_json(const std::string& id, long created, const std::string& model, bool chat, const std::string& text,

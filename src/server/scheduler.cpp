@@ -35,6 +35,7 @@ struct Scheduler::Active {
   int slot = -1;         // the backend slot it holds; -1 before admission's prefill and after release
   Sampler sampler;
   int produced = 0;      // sampled tokens (EOS included)
+  std::vector<int32_t> ids;  // the sampled ids, kept when the request asked for them (Job::return_ids)
   int32_t next = -1;     // sampled, not yet in the sequence
   std::string text;      // generated text so far (bytes)
   size_t sent = 0;       // bytes of `text` already handed to the HTTP side
@@ -209,6 +210,8 @@ void Scheduler::finish(Active& a, const std::string& reason, const std::string& 
   JobSummary s;
   s.prompt_tokens = static_cast<int>(j.prompt.size());
   s.completion_tokens = a.produced;
+  s.with_ids = j.return_ids;
+  s.token_ids = std::move(a.ids);
   s.omega_msr = j.routing.msr();
   if (a.slot >= 0) {
     try {  // figures are a report: failing to make them must not keep the slot or the reservation
@@ -280,6 +283,7 @@ void Scheduler::loop() {
   // Handles one sampled id; returns true when the request is finished.
   auto on_token = [&](Active& a, int32_t id) {
     ++a.produced;
+    if (a.job->return_ids) a.ids.push_back(id);
     const Job& j = *a.job;
     {
       const auto now = clock_t_::now();

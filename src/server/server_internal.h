@@ -52,6 +52,7 @@ struct GenSpec {
   bool seed_given = false;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  bool return_token_ids = false;       // "return_token_ids": the generated ids in the response's "elastic" object
 };
 constexpr int kMaxTokensLimit = 1 << 20;  // larger values are rejected outright
 constexpr int kMaxJsonDepth = 64;         // request bodies nested deeper are refused (they never need more than 4)
@@ -107,6 +108,8 @@ struct JobSummary {
   size_t kv_cache_bytes = 0;
   size_t kv_cache_bytes_if_full = 0;  // the same sequence with every head full
   double queue_s = 0, prefill_s = 0, decode_s = 0;
+  bool with_ids = false;               // the request asked for its token ids
+  std::vector<int32_t> token_ids;      // the sampled ids in order (EOS included), when asked
 };
 
 // One request in flight, shared by its HTTP thread (reads text) and the engine thread (writes text).
@@ -117,6 +120,7 @@ struct Job {
   SamplerParams sampler;
   std::vector<std::string> stop;
   bool stop_at_eos = true;
+  bool return_ids = false;       // put the sampled ids in the summary (GenSpec::return_token_ids)
   RoutingTable routing;          // the table the cache is built for; set by the engine when a router decides
   const PromptRouter* router = nullptr;  // decides at prefill (routing unknown until then); the server's policy owns it
   int capacity = 0;              // KV positions: prompt + max_tokens

@@ -398,16 +398,18 @@ INSTANTIATE_TEST_SUITE_P(Archs, GpuBatch, ::testing::Values(false, true),
                          [](const auto& i) { return std::string(i.param ? "LlamaHd64Bias" : "Qwen3Hd128QkNorm"); });
 
 // `serve --device cuda --parallel 4`: four concurrent greedy requests (different prompt lengths) run on the GPU
-// model's slots together (fewer decode steps than tokens: the steps were batched) and each returns its tokens and
-// routing figures; the model's pages are all back when they are done. (Token-for-token equality with lone runs is
-// GpuBatch.BatchedDecodeMatchesLoneRunsAndCpu's; these prompts are ids without a tokenizer, so answers have no text.)
+// model's slots together (fewer decode steps than tokens: the steps were batched), batch-invariantly as serve runs
+// them, and each returns the tokens (return_token_ids) the same request gets alone on the same model afterwards,
+// with its routing figures; the model's pages are all back when they are done.
 TEST(GpuServe, ConcurrentRequestsBatchOnTheGpuSlots) {
   SKIP_WITHOUT_GPU();
   TRACED_SEED(seed);
   Model m = gpu_test::make_model(false, seed);
   m.config.eos_ids.clear();  // every request runs to max_tokens
   RoutingTable r = routing_kind(m.config, 1);
-  auto g = cuda::GpuModel::upload(m, options(512, 128, 4));
+  cuda::GpuOptions go = options(512, 128, 4);
+  go.batch_invariant = true;  // as serve --device cuda
+  auto g = cuda::GpuModel::upload(m, go);
   const std::string dir = (fs::temp_directory_path() / ("elastic_gpu_serve_batch_" + std::to_string(seed))).string();
   fs::create_directories(dir);
   ServerOptions o;
@@ -432,12 +434,14 @@ TEST(GpuServe, ConcurrentRequestsBatchOnTheGpuSlots) {
     answers.push_back(std::async(std::launch::async, [port, p] {
       httplib::Client c("127.0.0.1", port);
       c.set_read_timeout(120, 0);
-      auto res = c.Post("/v1/completions", json{{"prompt", p}, {"max_tokens", 64}, {"temperature", 0}}.dump(),
+      auto res = c.Post("/v1/completions",
+                        json{{"prompt", p}, {"max_tokens", 64}, {"temperature", 0}, {"return_token_ids", true}}.dump(),
                         "application/json");
       if (!res) return json{{"error", httplib::to_string(res.error())}};
       if (res->status != 200) return json{{"error", res->body}};
       return json::parse(res->body);
     }));
+  std::vector<std::vector<int32_t>> served;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const json j = answers[i].get();
     ASSERT_FALSE(j.contains("error")) << j.dump();
@@ -445,6 +449,7 @@ TEST(GpuServe, ConcurrentRequestsBatchOnTheGpuSlots) {
     EXPECT_EQ(j["usage"]["completion_tokens"], 64);
     EXPECT_DOUBLE_EQ(j["elastic"]["omega_msr"].get<double>(), r.msr());
     EXPECT_GT(j["elastic"]["kv_cache_bytes"].get<size_t>(), 0u);
+    served.push_back(j["elastic"]["token_ids"].get<std::vector<int32_t>>());
   }
   httplib::Client c("127.0.0.1", port);
   auto met = c.Get("/metrics");
@@ -459,6 +464,12 @@ TEST(GpuServe, ConcurrentRequestsBatchOnTheGpuSlots) {
   EXPECT_LT(steps, tokens) << "concurrent requests decoded in batches";
   srv.stop();
   for (int s = 0; s < 4; ++s) EXPECT_EQ(g->kv_bytes(s), 0u) << "slot " << s << "'s pages are back";
+  // Each request alone on the same model: the tokens it was served, token for token.
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto alone = generate(*cuda::gpu_sequence_backend(*g), m.config, prompts[i], 64, &r, nullptr,
+                                SamplerParams{}, false, nullptr);
+    EXPECT_EQ(served[i], alone) << "request " << i;
+  }
   fs::remove_all(dir);
 }
 
