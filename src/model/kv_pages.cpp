@@ -23,13 +23,33 @@ int64_t held_pages(HeadMode m, const SparseSettings& s, int P, int c0, int c1) {
   return pages;
 }
 
-// Pages every head of `routing` holds after growing from c0 to c1 (held_pages summed, heads of a mode counted once).
-int64_t all_heads_at(const RoutingTable& routing, int P, int c0, int c1) {
-  std::vector<int64_t> heads_of(n_sparse_patterns(), 0);
-  for (const HeadMode m : routing.mode) heads_of.at(static_cast<size_t>(m)) += 1;
+// Heads of each mode in `routing` (all layers), or in layer `layer` alone.
+std::vector<int64_t> mode_counts(const RoutingTable& routing, int layer = -1) {
+  std::vector<int64_t> n(n_sparse_patterns(), 0);
+  const size_t H = static_cast<size_t>(routing.n_kv_heads);
+  const size_t b = layer < 0 ? 0 : size_t(layer) * H, e = layer < 0 ? routing.mode.size() : b + H;
+  for (size_t i = b; i < e; ++i) n.at(static_cast<size_t>(routing.mode[i])) += 1;
+  return n;
+}
+
+// Pages one head of each mode present in `counts` holds at the end of each prefill step [c0, min(prompt, c0 + step))
+// (held_pages; empty for absent modes): the curves both prefill schedules weight by their head counts, computed once
+// per mode rather than once per head.
+std::vector<std::vector<int64_t>> prefill_curves(const std::vector<int64_t>& counts, const SparseSettings& s, int P,
+                                                 int prompt, int step) {
+  std::vector<std::vector<int64_t>> curve(counts.size());
+  for (size_t m = 0; m < counts.size(); ++m)
+    if (counts[m])
+      for (int c0 = 0; c0 < prompt; c0 += step)
+        curve[m].push_back(held_pages(static_cast<HeadMode>(m), s, P, c0, std::min(prompt, c0 + step)));
+  return curve;
+}
+
+// Pages the heads counted in `counts` hold after growing from c0 to c1.
+int64_t heads_at(const std::vector<int64_t>& counts, const SparseSettings& s, int P, int c0, int c1) {
   int64_t pages = 0;
-  for (size_t m = 0; m < heads_of.size(); ++m)
-    if (heads_of[m]) pages += heads_of[m] * held_pages(static_cast<HeadMode>(m), routing.sparse, P, c0, c1);
+  for (size_t m = 0; m < counts.size(); ++m)
+    if (counts[m]) pages += counts[m] * held_pages(static_cast<HeadMode>(m), s, P, c0, c1);
   return pages;
 }
 
@@ -37,12 +57,21 @@ int64_t all_heads_at(const RoutingTable& routing, int P, int c0, int c1) {
 // pages only grow; a new block can only drop blocks (patterns are monotone, sparse_pattern.h), and a head's count at
 // each block's last position never shrinks from block to block. So the most is at the last step or at the last
 // position of the block before it.
-int64_t decode_peak(const RoutingTable& routing, int P, int prompt, int n_pos) {
+int64_t decode_peak(const RoutingTable& routing, const std::vector<int64_t>& counts, int P, int prompt, int n_pos) {
   if (n_pos <= prompt) return 0;
   const int last = n_pos - 1, prev = last / routing.sparse.block * routing.sparse.block - 1;
-  int64_t most = all_heads_at(routing, P, last, last + 1);
-  if (prev >= prompt) most = std::max(most, all_heads_at(routing, P, prev, prev + 1));
+  int64_t most = heads_at(counts, routing.sparse, P, last, last + 1);
+  if (prev >= prompt) most = std::max(most, heads_at(counts, routing.sparse, P, prev, prev + 1));
   return most;
+}
+
+// The arguments both admission counts take.
+void check_pages_for(const char* fn, const RoutingTable& routing, int page_size, int prompt, int n_pos) {
+  if (prompt < 1 || n_pos < prompt)
+    bad(std::string(fn) + ": prompt " + std::to_string(prompt) + " and n_pos " + std::to_string(n_pos) +
+        " (need 1 <= prompt <= n_pos)");
+  if (page_size < 16 || routing.sparse.block % page_size)
+    bad(std::string(fn) + ": block not a multiple of the page size");
 }
 
 }  // namespace
@@ -219,36 +248,41 @@ int64_t SequencePages::pages_held() const {
 }
 
 int64_t pages_for(const RoutingTable& routing, int page_size, int prompt, int chunk, int n_pos) {
-  if (prompt < 1 || n_pos < prompt)
-    bad("pages_for: prompt " + std::to_string(prompt) + " and n_pos " + std::to_string(n_pos) + " (need 1 <= prompt <= n_pos)");
-  if (page_size < 16 || routing.sparse.block % page_size) bad("pages_for: block not a multiple of the page size");
+  check_pages_for("pages_for", routing, page_size, prompt, n_pos);
   const int step = chunk > 0 ? chunk : prompt;
+  const std::vector<int64_t> counts = mode_counts(routing);
+  const auto curve = prefill_curves(counts, routing.sparse, page_size, prompt, step);
   int64_t most = 0;
-  for (int c0 = 0; c0 < prompt; c0 += step) most = std::max(most, all_heads_at(routing, page_size, c0, std::min(prompt, c0 + step)));
-  return std::max(most, decode_peak(routing, page_size, prompt, n_pos));
+  for (size_t i = 0; size_t(i) * step < size_t(prompt); ++i) {  // every layer at the same step
+    int64_t pages = 0;
+    for (size_t m = 0; m < counts.size(); ++m)
+      if (counts[m]) pages += counts[m] * curve[m][i];
+    most = std::max(most, pages);
+  }
+  return std::max(most, decode_peak(routing, counts, page_size, prompt, n_pos));
 }
 
 int64_t pages_for_layer_major(const RoutingTable& routing, int page_size, int prompt, int chunk, int n_pos) {
-  if (prompt < 1 || n_pos < prompt)
-    bad("pages_for_layer_major: prompt " + std::to_string(prompt) + " and n_pos " + std::to_string(n_pos) +
-        " (need 1 <= prompt <= n_pos)");
-  if (page_size < 16 || routing.sparse.block % page_size) bad("pages_for_layer_major: block not a multiple of the page size");
-  const int step = chunk > 0 ? chunk : prompt, H = routing.n_kv_heads;
-  auto layer_at = [&](int l, int c0, int c1) {
-    int64_t pages = 0;
-    for (int h = 0; h < H; ++h) pages += held_pages(routing.at(l, h), routing.sparse, page_size, c0, c1);
-    return pages;
-  };
+  check_pages_for("pages_for_layer_major", routing, page_size, prompt, n_pos);
+  const int step = chunk > 0 ? chunk : prompt;
+  const std::vector<int64_t> counts = mode_counts(routing);
+  const auto curve = prefill_curves(counts, routing.sparse, page_size, prompt, step);
   // Prefill: layer l grows through the prompt while layers before it hold what they keep after it (the query at
   // `prompt`) and layers after it hold nothing yet.
   int64_t most = 0, before = 0;
   for (int l = 0; l < routing.n_layers; ++l) {
-    for (int c0 = 0; c0 < prompt; c0 += step) most = std::max(most, before + layer_at(l, c0, std::min(prompt, c0 + step)));
-    before += layer_at(l, prompt, prompt);
+    const std::vector<int64_t> in_layer = mode_counts(routing, l);
+    for (size_t i = 0; size_t(i) * step < size_t(prompt); ++i) {
+      int64_t pages = 0;
+      for (size_t m = 0; m < in_layer.size(); ++m)
+        if (in_layer[m]) pages += in_layer[m] * curve[m][i];
+      most = std::max(most, before + pages);
+    }
+    before += heads_at(in_layer, routing.sparse, page_size, prompt, prompt);
   }
   most = std::max(most, before);
   // Decode steps move every layer together: pages_for's decode terms.
-  return std::max(most, decode_peak(routing, page_size, prompt, n_pos));
+  return std::max(most, decode_peak(routing, counts, page_size, prompt, n_pos));
 }
 
 }  // namespace elastic
