@@ -119,6 +119,7 @@ expect_cuda_fail "head_dim 32 is not supported" $BIN train-router -m $FX/qwen3_t
 expect_cuda_fail "head_dim 32 is not supported" $BIN eval -m $FX/qwen3_tiny --device cuda --lengths 100 --samples 1 \
   --methods full --tasks niah_single_2 -o $TMP/evg
 expect_cuda_fail "head_dim 32 is not supported" $BIN serve -m $FX/qwen3_tiny --device cuda
+expect_cuda_fail "--parallel 300 is more than the GPU model's 256 slots" $BIN serve -m $FX/qwen3_tiny --device cuda --parallel 300
 expect_fail "--gpus needs --device cuda" $BIN train-router -m $FX/qwen3_tiny --gpus 2
 expect_fail "ELASTIC_RANK='x' is not a rank number" env ELASTIC_RANK=x $BIN train-router -m $FX/qwen3_tiny --gpus 2 --device cuda
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi >/dev/null 2>&1; then

@@ -211,7 +211,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       ->check(in_range(0, kMaxTokens));
   sub->add_option("--batch", o->batch,
                   "GPU: sequences decoded together after each row's prefill (the prompt forked into each slot)")
-      ->check(in_range(1, 256));
+      ->check(in_range(1, 256));  // cuda::kMaxGpuSlots (the header needs CUDA; the GPU model refuses more too)
   sub->add_option("--kv-pool-gib", o->kv_pool_gib,
                   "GPU: KV page pool (default: --batch sequences, every head full, at the longest row)")
       ->check(CLI::Range(0.0, 1e6));

@@ -74,6 +74,10 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     if (o->shape.empty()) resolve_model(o->model, "serve");
 #ifndef ELASTIC_HAVE_CUDA
     if (gpu) no_cuda_backend("serve");
+#else
+    if (gpu && o->parallel > cuda::kMaxGpuSlots)  // before loading anything
+      throw std::runtime_error("serve: --parallel " + std::to_string(o->parallel) + " is more than the GPU model's " +
+                               std::to_string(cuda::kMaxGpuSlots) + " slots");
 #endif
     Model m;
     if (o->shape.empty()) m = Model::load(o->model);

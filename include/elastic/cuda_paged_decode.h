@@ -41,7 +41,9 @@ std::string describe_paged_decode();
 // target_units), writes each head's unit_begin / unit_end, the units at units + l * max_units (unit.head indexes
 // the layer's slice) and their count at n_units[l]. A layer that would need more than max_units gets none (its
 // outputs are then NaN). paged_max_units (paged_decode.h) gives a max_units that is never exceeded.
-// seq_heads > 0 (a batch of sequences of seq_heads heads each, at most 256): each sequence is cut by its own total,
+// Sequences one planner launch cuts separately (seq_heads below).
+constexpr int kPagedPlanMaxSeqs = 256;
+// seq_heads > 0 (a batch of sequences of seq_heads heads each, at most kPagedPlanMaxSeqs): each sequence is cut by its own total,
 // as it would be alone, so its units, and so its output bits, do not depend on the rest of the batch; max_units must
 // then bound the sum of the sequences' paged_max_units.
 void paged_decode_plan_device(PagedDecodeHead* heads, PagedDecodeUnit* units, int32_t* n_units, int n_layers,

@@ -28,12 +28,16 @@ namespace elastic::cuda {
 struct GpuWeights;  // src/cuda/gpu_weights.h
 struct GpuExec;
 
+// Sequences a GPU model holds at most (GpuOptions::slots): a decode step's logits rows and the planner's per-sequence
+// cuts are sized for this many.
+constexpr int kMaxGpuSlots = 256;
+
 struct GpuOptions {
   // Prefill attention kernel (cuda_attention.h), fixed for the model's life; unset: attention_config_from_env() when
   // the model is built. Printed with the plan.
   std::optional<AttnKernelConfig> attention;
   int max_ctx = 8192;   // positions a sequence may hold (prompt + generated tokens)
-  int slots = 1;        // sequences held at once (a server's running requests), decoded together; 1..256
+  int slots = 1;        // sequences held at once (a server's running requests), decoded together; 1..kMaxGpuSlots
   // K/V page pool shared by the slots, in bytes (K and V); 0: every slot's heads full at max_ctx. A smaller pool
   // holds more sequences when routing keeps fewer pages: admission counts pages (kv_bytes_for).
   size_t kv_pool_bytes = 0;

@@ -184,8 +184,7 @@ void GpuModel::Impl::prefill_begin(int slot, const int32_t* ids_h, int T, const 
   ELASTIC_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-bool GpuModel::Impl::prefill_advance() {
-  if (run.slot < 0) throw std::logic_error("gpu prefill_step: no prefill is running");
+bool GpuModel::Impl::prefill_advance() {  // GpuModel::prefill_step checked that a layer is left to run
   const int D = c.hidden, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim, F = c.intermediate;
   const int N = (Hq + 2 * Hkv) * hd, L = c.n_layers, T = run.T, l = run.l, t0 = run.t0;
   const SparseSettings& sp = run.r.sparse;
@@ -235,15 +234,15 @@ bool GpuModel::Impl::prefill_advance() {
       run.router->decide(l, pooled.data(), modes);
     }
     std::vector<KVHeadMeta> meta_h(Hkv);
-    run.has_xattn = false;
+    bool has_xattn = false;
     for (int h = 0; h < Hkv; ++h) {
       meta_h[h] = meta_for(modes[h], sp);
-      run.has_xattn |= modes[h] == HeadMode::XAttn;
+      has_xattn |= modes[h] == HeadMode::XAttn;
     }
     // Pageable source: the copy is staged before this returns, so meta_h may die.
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(meta_l, meta_h.data(), Hkv * sizeof(KVHeadMeta), cudaMemcpyHostToDevice, st));
     run.lists = XAttnBlockLists{};
-    if (run.has_xattn) {
+    if (has_xattn) {
       if (T > chunk && chunk % sp.block)
         throw std::invalid_argument("gpu prefill: XAttention heads need a chunk size that is a multiple of the block (" +
                                     std::to_string(chunk) + " vs " + std::to_string(sp.block) + ")");
@@ -277,7 +276,7 @@ bool GpuModel::Impl::prefill_advance() {
   run.events.back().second = eb;
   const auto ev = run.events.back();
   ELASTIC_CUDA_CHECK(cudaEventRecord(ev.first, st));
-  if (run.has_xattn) {
+  if (run.lists.blocks) {  // the layer has XAttention heads
     XAttnEstimateParams ep;
     ep.q = q.as<uint16_t>();
     ep.k = kscr.as<uint16_t>();
@@ -319,7 +318,7 @@ bool GpuModel::Impl::prefill_advance() {
 }
 
 void GpuModel::Impl::prefill_end(std::vector<float>* logits_out, bool all_logits, GpuPrefillStats* stats) {
-  if (run.slot < 0 || run.l < c.n_layers) throw std::logic_error("gpu prefill_end: the prefill has not finished");
+  // GpuModel::prefill_end checked that every layer has run.
   const int D = c.hidden, V = c.vocab, T = run.T;
   cudaStream_t st = stream;
   // Logits: the last row, or every row in pieces of kLogitRows.
@@ -357,9 +356,7 @@ void GpuModel::Impl::prefill_end(std::vector<float>* logits_out, bool all_logits
   if (stats) {
     stats->total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     stats->attention_ms = attn_ms;
-    size_t held = 0;
-    for (const auto& sq : slots[slot].seq) held += size_t(sq->pages_held());
-    stats->kv_bytes = held * page_bytes() * 2;
+    stats->kv_bytes = bytes_held(slots[slot]);
   }
 }
 
@@ -369,10 +366,8 @@ void GpuModel::prefill_begin(int slot, const int32_t* ids, int T, const RoutingT
   // must still run on this model's device.
   ELASTIC_CUDA_CHECK(cudaSetDevice(impl_->o.device));
   Impl& m = *impl_;
-  if (m.run.slot >= 0 && m.run.slot != slot)  // refused before anything changes: the running prefill goes on
-    throw std::logic_error("gpu prefill: slot " + std::to_string(m.run.slot) + "'s prefill is still running");
   try {
-    m.prefill_begin(slot, ids, T, routing, router);
+    m.prefill_begin(slot, ids, T, routing, router);  // refuses another slot's running prefill before changing it
   } catch (...) {
     if (m.run.slot == slot) m.abort_prefill();  // a copy or launch that failed after the slot was taken
     throw;
@@ -381,6 +376,7 @@ void GpuModel::prefill_begin(int slot, const int32_t* ids, int T, const RoutingT
 
 bool GpuModel::prefill_step() {
   ELASTIC_CUDA_CHECK(cudaSetDevice(impl_->o.device));
+  // Misuse is refused before the try, so it keeps the running prefill.
   if (impl_->run.slot < 0) throw std::logic_error("gpu prefill_step: no prefill is running");
   if (impl_->run.l >= impl_->c.n_layers)
     throw std::logic_error("gpu prefill_step: the prefill has finished (call prefill_end)");

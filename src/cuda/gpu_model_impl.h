@@ -71,8 +71,7 @@ struct GpuModel::Impl : GpuWeights {  // c, layers, embed, lm_head, final_norm, 
     RoutingTable r;
     const PromptRouter* router = nullptr;
     std::vector<int> pool_pos;  // the router's boundary rows (empty without a router)
-    bool has_xattn = false;     // layer l has XAttention heads (set at its first chunk)
-    XAttnBlockLists lists;
+    XAttnBlockLists lists;      // layer l's XAttention lists (set at its first chunk; null when it has no XA head)
     std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events;  // around each chunk's attention
     std::chrono::steady_clock::time_point start;
   } run;
@@ -80,6 +79,7 @@ struct GpuModel::Impl : GpuWeights {  // c, layers, embed, lm_head, final_norm, 
   bool prefill_advance();   // one step; true when every layer is done
   void prefill_end(std::vector<float>* logits, bool all_logits, GpuPrefillStats* stats);
   void abort_prefill();     // drops a running prefill and the pages it took
+  size_t bytes_held(const Slot& sl) const;  // K and V bytes of the pages the slot's sequence holds
 
   // Decode work: one token for each of up to S = slots.size() sequences. The host writes one step block each step
   // (one upload): d_io = {ids [S], next ids [S], positions [S], unused [S]}, then dec_heads (PagedDecodeHead

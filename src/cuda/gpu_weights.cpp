@@ -98,8 +98,10 @@ void GpuModel::Impl::init_common() {
 
   // The plan, before allocating, so a plan that cannot fit fails with its numbers.
   plan.weights = bytes();
-  if (o.slots < 1 || o.slots > kLogitRows)
-    throw std::invalid_argument("gpu: slots must be in [1, " + std::to_string(kLogitRows) + "], got " +
+  static_assert(kLogitRows >= kMaxGpuSlots && kPagedPlanMaxSeqs >= kMaxGpuSlots,
+                "a decode step's logits rows and the planner's per-sequence cuts hold every slot");
+  if (o.slots < 1 || o.slots > kMaxGpuSlots)
+    throw std::invalid_argument("gpu: slots must be in [1, " + std::to_string(kMaxGpuSlots) + "], got " +
                                 std::to_string(o.slots));
   const int S = o.slots;
   plan.slots = S;
@@ -203,11 +205,12 @@ GpuExec GpuModel::exec() const { return GpuExec{impl_->stream, impl_->gemm.get()
 int GpuModel::slots() const { return static_cast<int>(impl_->slots.size()); }
 int GpuModel::length(int slot) const { return impl_->slot_at(slot).length; }
 int GpuModel::max_ctx() const { return impl_->o.max_ctx; }
-size_t GpuModel::kv_bytes(int slot) const {
+size_t GpuModel::Impl::bytes_held(const Slot& sl) const {
   size_t pages = 0;
-  for (const auto& sq : impl_->slot_at(slot).seq) pages += sq ? size_t(sq->pages_held()) : 0;
-  return pages * impl_->page_bytes() * 2;  // K and V
+  for (const auto& sq : sl.seq) pages += sq ? size_t(sq->pages_held()) : 0;
+  return pages * page_bytes() * 2;  // K and V
 }
+size_t GpuModel::kv_bytes(int slot) const { return impl_->bytes_held(impl_->slot_at(slot)); }
 void GpuModel::release(int slot) {
   Impl& m = *impl_;
   Impl::Slot& sl = m.slot_at(slot);

@@ -216,7 +216,6 @@ __global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge(const Pag
   }
 }
 
-constexpr int kMaxPlanRuns = 256;  // sequences a planner launch cuts separately (GpuOptions::slots' bound)
 
 // One CTA per layer: thread 0 cuts the units per head (plan_paged_decode's loop), then every thread writes units.
 // seq_heads > 0: each run of seq_heads heads (one sequence) is cut by its own total, so a sequence's units do not
@@ -226,7 +225,7 @@ __global__ void paged_plan_kernel(PagedDecodeHead* heads, PagedDecodeUnit* units
   const int l = blockIdx.x;
   PagedDecodeHead* H = heads + size_t(l) * n_kv_heads;
   PagedDecodeUnit* U = units + size_t(l) * max_units;
-  __shared__ int s_n, s_kpu[kMaxPlanRuns];  // the cut of each run of heads
+  __shared__ int s_n, s_kpu[kPagedPlanMaxSeqs];  // the cut of each run of heads
   const int run = seq_heads > 0 ? seq_heads : n_kv_heads;
   if (threadIdx.x == 0) {
     int n = 0;
@@ -346,9 +345,9 @@ void paged_decode_plan_device(PagedDecodeHead* heads, PagedDecodeUnit* units, in
                               int n_kv_heads, int max_units, int target_units, cudaStream_t stream, int seq_heads) {
   if (n_layers <= 0 || n_kv_heads <= 0 || max_units <= 0)
     throw std::invalid_argument("paged_decode_plan_device: n_layers, n_kv_heads and max_units must be > 0");
-  if (seq_heads < 0 || (seq_heads > 0 && (n_kv_heads % seq_heads || n_kv_heads / seq_heads > kMaxPlanRuns)))
+  if (seq_heads < 0 || (seq_heads > 0 && (n_kv_heads % seq_heads || n_kv_heads / seq_heads > kPagedPlanMaxSeqs)))
     throw std::invalid_argument("paged_decode_plan_device: seq_heads must be 0 or divide n_kv_heads into at most " +
-                                std::to_string(kMaxPlanRuns) + " sequences");
+                                std::to_string(kPagedPlanMaxSeqs) + " sequences");
   paged_plan_kernel<<<n_layers, 256, 0, stream>>>(heads, units, n_units, n_kv_heads, seq_heads, max_units,
                                                   target_units);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
