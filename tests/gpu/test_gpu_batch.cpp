@@ -371,6 +371,9 @@ TEST(GpuBatchErrors, BadBatchesNameTheProblem) {
   const Model m = gpu_test::make_model(false, 7);
   EXPECT_THROW(cuda::GpuModel::upload(m, options(512, 256, 0)), std::invalid_argument);
   EXPECT_THROW(cuda::GpuModel::upload(m, options(512, 256, 257)), std::invalid_argument);
+  cuda::GpuOptions tiny_pool = options(512, 256, 1);
+  tiny_pool.kv_pool_bytes = 1;  // less than one page of K and V
+  EXPECT_THROW(cuda::GpuModel::upload(m, tiny_pool), std::invalid_argument);
   auto g = cuda::GpuModel::upload(m, options(512, 256, 2));
   std::vector<int32_t> ids(100, 5);
   g->prefill(ids.data(), 100, nullptr, nullptr, nullptr, false);
