@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # GPU machine: the continuous-batching GPU server under load (issue 26), random weights of a named shape. For each
-# routing in ROUTINGS (full; hybrid: 70% of KV heads streaming, drawn with a fixed seed; ssa: all streaming; sink 128
-# + window 2048, block 128) and each --parallel P in PARALLEL (1 is the one-request-at-a-time server, the anchor in
+# routing in ROUTINGS (full; hybrid: 70% of KV heads streaming, drawn with a fixed seed; ssa: all streaming; router:
+# an untrained router (elastic route init, seed 7, dense bias ROUTER_BIAS) decides each request's heads from its own
+# prompt; sink 128 + window 2048, block 128) and each --parallel P in PARALLEL (1 is the one-request-at-a-time server, the anchor in
 # the same call), starts
 #   elastic serve --device cuda --shape SHAPE -c CTX --parallel P [--routing ...] [--kv-budget-mib POOL_MIB]
 # and runs scripts/load_test.py for each prompt length in PROMPTS and concurrency in CONC (streamed, random token-id
-# prompts, MAXTOK tokens each). Writes $OUT/serve_load.jsonl (one line per run) and $OUT/serve_load.md; each
-# server's stderr is $OUT/serve_<routing>_p<P>.log. Binaries from .gpucarry (bash scripts/gpu_carry.sh).
+# prompts, MAXTOK tokens each). Writes $OUT/serve_load.jsonl (one line per run), $OUT/serve_load.md and
+# $OUT/serve_logs.tgz (each server's stderr, serve_<routing>_p<P>.log, and its last metrics). Binaries from .gpucarry (bash scripts/gpu_carry.sh).
 # Env: SHAPE (qwen3-4b), PROMPTS ("4000 8000 32000"; PROMPT=N is one), CTX (the longest prompt + MAXTOK),
 #      MAXTOK (64), PARALLEL ("1 16"), CONC ("1 4 16 64"), ROUTINGS ("full hybrid ssa"),
-#      POOL_MIB (unset: --parallel x every head full at CTX), SECONDS_PER_RUN (60).
+#      POOL_MIB (unset: --parallel x every head full at CTX), SECONDS_PER_RUN (60), ROUTER_BIAS (-0.1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
+W=$(mktemp -d)  # routing files, the router and scratch: not results, so not under $OUT
 SHAPE=${SHAPE:-qwen3-4b}; PROMPTS=${PROMPTS:-${PROMPT:-"4000 8000 32000"}}; MAXTOK=${MAXTOK:-64}
 longest=$(for x in $PROMPTS; do echo "$x"; done | sort -n | tail -1)
 CTX=${CTX:-$((longest + MAXTOK))}
@@ -21,6 +23,7 @@ SECS=${SECONDS_PER_RUN:-60}
 [ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry
 export LD_LIBRARY_PATH=$PWD/.gpucarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 E=.gpucarry/elastic
+$E route init --shape "$SHAPE" --seed 7 --dense-bias "${ROUTER_BIAS:--0.1}" --block 128 -o "$W/router.safetensors" || exit 1
 # The shape's layers and KV heads, for the hybrid routing file.
 read -r L H V < <(python3 - "$SHAPE" <<'PY'
 import sys
@@ -29,7 +32,7 @@ shapes = {"qwen3-0.6b": (28, 8, 151936), "qwen3-4b": (36, 8, 151936), "qwen3-8b"
 print(*shapes[sys.argv[1]])
 PY
 )
-python3 - "$L" "$H" "$O" <<'PY'
+python3 - "$L" "$H" "$W" <<'PY'
 import json, random, sys
 L, H, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 rng = random.Random(7)
@@ -44,27 +47,28 @@ port=18700
 for R in $ROUTINGS; do
   case $R in
     full) RFLAG="";;
-    *) RFLAG="--routing $O/$R.json";;
+    router) RFLAG="--router $W/router.safetensors";;
+    *) RFLAG="--routing $W/$R.json";;
   esac
   for P in $PARALLEL; do
     port=$((port + 1))
     POOL=${POOL_MIB:+--kv-budget-mib $POOL_MIB}
     $E serve --device cuda --shape "$SHAPE" -c "$CTX" --parallel "$P" --port $port --max-queue 1024 -q $RFLAG $POOL \
-      > "$O/serve_${R}_p$P.log" 2>&1 &
+      > "$W/serve_${R}_p$P.log" 2>&1 &
     pid=$!
     for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 1; done
     for PROMPT in $PROMPTS; do
     for C in $CONC; do
       N=$((C * 3 > 8 ? C * 3 : 8))
       echo "routing $R, --parallel $P, prompts of $PROMPT, concurrency $C: $N requests"
-      curl -s "http://127.0.0.1:$port/metrics" > "$O/m_before.txt"
+      curl -s "http://127.0.0.1:$port/metrics" > "$W/m_before.txt"
       python3 scripts/load_test.py --url "http://127.0.0.1:$port" --requests "$N" --concurrency "$C" \
         --max-tokens "$MAXTOK" --stream --prompt-tokens "$PROMPT" --vocab "$V" --seconds "$SECS" --json \
-        > "$O/run.json"
-      curl -s "http://127.0.0.1:$port/metrics" > "$O/m_after.txt"
+        > "$W/run.json"
+      curl -s "http://127.0.0.1:$port/metrics" > "$W/m_after.txt"
       # Token-id prompts without a tokenizer stream no text, so the client sees no per-token events: TTFT and
       # inter-token latency come from the server's histograms over this run (quantiles interpolated in buckets).
-      python3 - "$O/run.json" "$O/m_before.txt" "$O/m_after.txt" "$R" "$P" <<'PY' | tee -a "$O/serve_load.jsonl"
+      python3 - "$W/run.json" "$W/m_before.txt" "$W/m_after.txt" "$R" "$P" <<'PY' | tee -a "$O/serve_load.jsonl"
 import json, re, sys
 run = json.load(open(sys.argv[1]))
 def hist(path, name):
@@ -96,22 +100,28 @@ print(json.dumps(run))
 PY
     done
     done
-    curl -s "http://127.0.0.1:$port/metrics" | grep -E "^elastic_(kv_cache|decode|requests_running)" > "$O/metrics_${R}_p$P.txt"
+    curl -s "http://127.0.0.1:$port/metrics" | grep -E "^elastic_(kv_cache|decode|requests_running)" > "$W/metrics_${R}_p$P.txt"
     kill $pid; wait $pid 2>/dev/null
-    rm -f "$O/m_before.txt" "$O/m_after.txt" "$O/run.json"
+    rm -f "$W/m_before.txt" "$W/m_after.txt" "$W/run.json"
   done
 done
+# The servers' logs and last metrics in one archive (the device tool brings back 8 files a call).
+tar -czf "$O/serve_logs.tgz" -C "$W" $(cd "$W" && ls *.log *.txt 2>/dev/null)
 python3 - "$O/serve_load.jsonl" "$O/serve_load.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 out = ["| prompt | routing | --parallel | clients | ok/sent | requests/s | output tok/s | latency p50 / p99 s | "
-       "TTFT p50 / p99 s (server) | inter-token p50 / p99 ms (server) |",
-       "|---|---|---|---|---|---|---|---|---|---|"]
+       "TTFT p50 / p99 s (server) | inter-token p50 / p99 ms (server) | Omega_MSR mean (min-max) | KV MiB per request "
+       "(all full) |",
+       "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 for r in rows:
-    out.append("| %d | %s | %d | %d | %d/%d | %.2f | %.1f | %.2f / %.2f | %.2f / %.2f | %.1f / %.1f |" % (
+    out.append("| %d | %s | %d | %d | %d/%d | %.2f | %.1f | %.2f / %.2f | %.2f / %.2f | %.1f / %.1f | %.3f (%.3f-%.3f) | "
+               "%.0f (%.0f) |" % (
         r["prompt_tokens"], r["routing"], r["parallel"], r["concurrency"], r["ok"], r["sent"], r["requests_per_s"],
         r["completion_tokens_per_s"], r["latency_p50"], r["latency_p99"], r["server_ttft_p50"],
-        r["server_ttft_p99"], 1e3 * r["server_itl_p50"], 1e3 * r["server_itl_p99"]))
+        r["server_ttft_p99"], 1e3 * r["server_itl_p50"], 1e3 * r["server_itl_p99"], r.get("omega_msr_mean", float("nan")),
+        r.get("omega_msr_min", float("nan")), r.get("omega_msr_max", float("nan")),
+        r.get("kv_bytes_mean", float("nan")) / 2**20, r.get("kv_bytes_if_full_mean", float("nan")) / 2**20))
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 PY

@@ -29,7 +29,8 @@ def percentile(xs, p):
 
 
 def one_request(args, i):
-    """Returns (ok, latency_s, ttft_s or None, completion_tokens, error text, inter-token gaps)."""
+    """Returns (ok, latency_s, ttft_s or None, completion_tokens, error text, inter-token gaps, the response's
+    elastic object or None)."""
     if args.prompt_tokens:
         rng = random.Random(args.seed * 1000003 + i)
         prompt = [rng.randrange(args.id_low, args.vocab) for _ in range(args.prompt_tokens)]
@@ -51,11 +52,13 @@ def one_request(args, i):
     tokens = 0
     gaps = []
     last = None
+    elastic = None
     try:
         with urllib.request.urlopen(req, timeout=args.timeout) as r:
             if not args.stream:
                 out = json.loads(r.read())
                 tokens = out.get("usage", {}).get("completion_tokens", 0)
+                elastic = out.get("elastic")
             else:
                 for raw in r:
                     line = raw.decode("utf-8", "replace").strip()
@@ -66,7 +69,7 @@ def one_request(args, i):
                         break
                     ev = json.loads(data)
                     if "error" in ev:
-                        return False, time.perf_counter() - t0, None, 0, ev["error"].get("message", "error"), []
+                        return False, time.perf_counter() - t0, None, 0, ev["error"].get("message", "error"), [], None
                     ch = (ev.get("choices") or [{}])[0]
                     if "text" in ch or (ch.get("delta") or {}).get("content") is not None:
                         now = time.perf_counter()
@@ -77,11 +80,13 @@ def one_request(args, i):
                         last = now
                     if "usage" in ev:
                         tokens = ev["usage"].get("completion_tokens", 0)
+                    if "elastic" in ev:
+                        elastic = ev["elastic"]
     except urllib.error.HTTPError as e:
-        return False, time.perf_counter() - t0, None, 0, "HTTP %d: %s" % (e.code, e.read()[:200].decode("utf-8", "replace")), []
+        return False, time.perf_counter() - t0, None, 0, "HTTP %d: %s" % (e.code, e.read()[:200].decode("utf-8", "replace")), [], None
     except Exception as e:  # connection refused, timeout, bad JSON
-        return False, time.perf_counter() - t0, None, 0, repr(e), []
-    return True, time.perf_counter() - t0, ttft, tokens, "", gaps
+        return False, time.perf_counter() - t0, None, 0, repr(e), [], None
+    return True, time.perf_counter() - t0, ttft, tokens, "", gaps, elastic
 
 
 def main():
@@ -137,6 +142,13 @@ def main():
     ttft = [r[2] for r in ok if r[2] is not None]
     toks = sum(r[3] for r in ok)
     itl = [g for r in ok for g in r[5]]
+    # What each request's routing decided and held (the server's elastic object): Omega_MSR and KV bytes against
+    # the same request with every head full.
+    el = [r[6] for r in ok if r[6]]
+    msr = [e.get("omega_msr", float("nan")) for e in el]
+    kv = [e.get("kv_cache_bytes", 0) for e in el]
+    kv_full = [e.get("kv_cache_bytes_if_full", 0) for e in el]
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
     if args.json:
         print(json.dumps({
             "sent": len(results), "ok": len(ok), "failed": len(bad), "wall_s": wall,
@@ -145,6 +157,9 @@ def main():
             "latency_p50": percentile(lat, 50), "latency_p99": percentile(lat, 99),
             "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
             "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99),
+            "omega_msr_mean": mean(msr), "omega_msr_min": min(msr) if msr else float("nan"),
+            "omega_msr_max": max(msr) if msr else float("nan"), "distinct_omega_msr": len(set(msr)),
+            "kv_bytes_mean": mean(kv), "kv_bytes_if_full_mean": mean(kv_full),
             "errors": [r[4] for r in bad[:5]]}))
         return 1 if bad or not results else 0
     print("requests: %d sent, %d ok, %d failed in %.2f s" % (len(results), len(ok), len(bad), wall))
@@ -157,6 +172,10 @@ def main():
     if itl:
         print("inter-token latency s: p50 %.4f | p90 %.4f | p99 %.4f" % (
             percentile(itl, 50), percentile(itl, 90), percentile(itl, 99)))
+    if el:
+        print("routing: Omega_MSR mean %.3f (min %.3f, max %.3f, %d distinct) | KV held %.1f MiB per request, %.1f "
+              "if every head were full" % (mean(msr), min(msr), max(msr), len(set(msr)), mean(kv) / 2**20,
+                                           mean(kv_full) / 2**20))
     for r in bad[:5]:
         print("failed: " + r[4], file=sys.stderr)
     return 1 if bad or not results else 0

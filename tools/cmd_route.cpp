@@ -1,6 +1,8 @@
 // elastic route static: the DuoAttention-style baseline routing from probe scores.
 // elastic route export: a learned-static router's one routing as a routing file.
 // elastic route features: how well a trained router's input and task MLP separate tasks, per layer.
+// elastic route init: an untrained router (random weights) for a model or a named shape, for throughput runs of the
+// router-decided path (serve --shape): it decides per prompt like a trained one, with no claim about accuracy.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -8,6 +10,7 @@
 
 #include "cli_common.h"
 #include "elastic/eval.h"
+#include "elastic/model_shapes.h"
 #include "elastic/plot_svg.h"
 #include "elastic/probe.h"
 #include "elastic/router_features.h"
@@ -53,6 +56,50 @@ void add_route_command(CLI::App& app, Commands& cmds) {
     std::fprintf(stderr, "wrote %s: %d of %d KV heads full, Omega_MSR %.3f\n", x->out.c_str(),
                  static_cast<int>(std::count(r.mode.begin(), r.mode.end(), HeadMode::Full)),
                  static_cast<int>(r.mode.size()), r.msr());
+  }});
+
+  struct IOpts {
+    std::string model, shape, config = "fa-ssa", out = "router.safetensors";
+    uint64_t seed = 1;
+    double dense_bias = 0;
+    SparseSettings sparse;
+  };
+  auto in = std::make_shared<IOpts>();
+  auto* ini = rt->add_subcommand("init", "An untrained router (random weights, as train-router starts from): for "
+                                           "throughput runs of per-request routing, not for accuracy");
+  ini->add_option("-m,--model", in->model, "Model folder or GGUF whose shape the router matches");
+  ini->add_option("--shape", in->shape, "Or a named shape (serve --shape NAME)")
+      ->check(CLI::IsMember(named_shape_names()));
+  ini->add_option("--config", in->config, "fa-ssa, fa-xa or xa-ssa: what the router's two classes run");
+  ini->add_option("--seed", in->seed, "Seed of the weights");
+  ini->add_option("--dense-bias", in->dense_bias,
+                  "Added to the dense class's output bias in every layer: positive keeps more heads dense")
+      ->check(in_range(-100, 100));
+  add_sparse_options(ini, in->sparse);
+  ini->add_option("-o,--output", in->out, "Router file");
+  cmds.push_back({ini, [in] {
+    if (in->model.empty() == in->shape.empty()) throw std::runtime_error("route init: give -m MODEL or --shape NAME");
+    const ModelConfig c = in->shape.empty() ? Model::load(in->model).config : named_shape(in->shape);
+    RouterSpec spec;
+    spec.n_layers = c.n_layers;
+    spec.n_kv_heads = c.n_kv_heads;
+    spec.head_dim = c.head_dim;
+    spec.base_model = model_fingerprint(c);
+    try {
+      parse_router_config(in->config, spec.dense_mode, spec.sparse_mode);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(std::string("route init: --config: ") + e.what());
+    }
+    in->sparse.xattn.block = in->sparse.block;
+    validate_sparse(in->sparse, "route init");
+    spec.sparse = in->sparse;
+    Router r = Router::init(spec, in->seed);
+    // The dense class is class 1 of the softmax gate (the sigmoid gate's one logit is not made here).
+    for (int l = 0; l < spec.n_layers; ++l) r.layer(l)[r.layer_size() - 1] += static_cast<float>(in->dense_bias);
+    r.save(in->out);
+    std::fprintf(stderr, "wrote %s: untrained %s router for %s (seed %llu, dense bias %+.2f)\n", in->out.c_str(),
+                 in->config.c_str(), spec.base_model.c_str(), static_cast<unsigned long long>(in->seed),
+                 in->dense_bias);
   }});
 
   struct FOpts {
