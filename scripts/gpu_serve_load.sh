@@ -10,7 +10,8 @@
 # $OUT/serve_logs.tgz (each server's stderr, serve_<routing>_p<P>.log, and its last metrics). Binaries from .gpucarry (bash scripts/gpu_carry.sh).
 # Env: SHAPE (qwen3-4b), PROMPTS ("4000 8000 32000"; PROMPT=N is one), CTX (the longest prompt + MAXTOK),
 #      MAXTOK (64), PARALLEL ("1 16"), CONC ("1 4 16 64"), ROUTINGS ("full hybrid ssa"),
-#      POOL_MIB (unset: --parallel x every head full at CTX), SECONDS_PER_RUN (60), ROUTER_BIAS (-0.1).
+#      POOL_MIB (unset: --parallel x every head full at CTX), SECONDS_PER_RUN (60), ROUTER_BIAS (-0.1),
+#      APPEND (set: keep serve_load.jsonl's earlier rows; the table covers them all), TAG (serve_logs_TAG.tgz).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
@@ -42,7 +43,7 @@ for name, share in (("hybrid", 0.7), ("ssa", 1.0)):
     layers = [["ssa" if (l, h) in sparse else "full" for h in range(H)] for l in range(L)]
     json.dump({"block_size": 128, "sink": 128, "local": 2048, "layers": layers}, open("%s/%s.json" % (out, name), "w"))
 PY
-: > "$O/serve_load.jsonl"
+[ -n "${APPEND:-}" ] || : > "$O/serve_load.jsonl"  # APPEND=1: add to an earlier invocation's rows
 port=18700
 for R in $ROUTINGS; do
   case $R in
@@ -106,7 +107,7 @@ PY
   done
 done
 # The servers' logs and last metrics in one archive (the device tool brings back 8 files a call).
-tar -czf "$O/serve_logs.tgz" -C "$W" $(cd "$W" && ls *.log *.txt 2>/dev/null)
+tar -czf "$O/serve_logs${TAG:+_$TAG}.tgz" -C "$W" $(cd "$W" && ls *.log *.txt 2>/dev/null)
 python3 - "$O/serve_load.jsonl" "$O/serve_load.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
