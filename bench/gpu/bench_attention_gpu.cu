@@ -5,8 +5,8 @@
 // TFLOP/s are counted two ways: on the (query, key) pairs actually computed (64x64 tiles, diagonal tiles half) and
 // on the dense causal count 4 * hd * Hq * T(T+1)/2. Then the decode kernel: one query token per head against
 // all-full caches (T positions) and all-streaming ring caches (sink + window), time per layer and the K/V bytes it
-// reads per second. Usage: bench_attention_gpu [--decode | --kernels | --paired] [T ...] (default 8K..128K; --decode:
-// the decode table only; --kernels: all-full / all-streaming rows of every wgmma variant, then the paired table;
+// reads per second. Usage: bench_attention_gpu [--decode | --gemm | --kernels | --paired] [T ...] (default 8K..128K;
+// --decode: the decode table only; --gemm: only the decode projections, cuBLASLt against the small-M kernel; --kernels: all-full / all-streaming rows of every wgmma variant, then the paired table;
 // --paired: only the paired SA-cost table, all-full and all-streaming layers timed in alternation).
 #include <cuda_runtime.h>
 
@@ -25,6 +25,7 @@
 #include "elastic/cuda_attention.h"
 #include "attention_variants.h"  // dev/cuda: every kernel variant, the engine's and the measurement ones
 #include "contiguous_decode.h"  // dev/cuda: the contiguous-cache decode
+#include "elastic/cuda_gemm.h"
 #include "elastic/cuda_paged_decode.h"
 #include "elastic/kv_pages.h"
 #include "elastic/streaming_rule.h"
@@ -103,6 +104,55 @@ double pairs_head(const KVHeadMeta& m, int T, int B, const std::vector<int32_t>*
   return p;
 }
 
+
+// Decode projections (issue 21): the Qwen3-4B shapes a decode step multiplies (q/k/v, o, gate/up, down, the
+// logits), M = 1, 2, 4 and 8 rows, through cuBLASLt and through the small-M kernel (Gemm::set_small_m_rows; M 8 is
+// past it, so both columns run cuBLASLt there), interleaved per shape in three rounds, each the median of 15 timings of ten calls after a warm-up.
+// GB/s counts W's bytes (X and Y are a few KiB); "of copy" is that over the device-to-device copy rate measured here.
+void gemm_table(Timer& timer) {
+  const double copy = copy_bandwidth_gbs();
+  struct Proj {
+    const char* name;
+    int N, K;
+    bool f32;
+  };
+  const Proj projs[] = {{"q/k/v", 6144, 2560, false}, {"o", 2560, 4096, false}, {"gate/up", 19456, 2560, false},
+                        {"down", 2560, 9728, false}, {"logits", 151936, 2560, true}};
+  std::printf("\ncopy (device to device, read + write): %.0f GB/s\n\n| projection | N x K | M | cuBLASLt us | GB/s | of copy "
+              "| small-M us | GB/s | of copy | small-M / cuBLASLt |\n|---|---|---|---|---|---|---|---|---|---|\n",
+              copy);
+  elastic::cuda::Gemm lt, sm;
+  sm.set_small_m_rows(4);
+  for (const Proj& p : projs) {
+    const size_t wn = size_t(p.N) * p.K;
+    uint16_t *w, *x, *y;
+    ELASTIC_CUDA_CHECK(cudaMalloc(&w, wn * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&x, size_t(8) * p.K * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&y, size_t(8) * p.N * 4));
+    fill_random_bf16<<<1024, 256>>>(w, wn, 5u, 0.02f);
+    fill_random_bf16<<<1024, 256>>>(x, size_t(8) * p.K, 6u, 1.f);
+    ELASTIC_CUDA_CHECK(cudaGetLastError());
+    for (const int M : {1, 2, 4, 8}) {
+      auto call = [&](elastic::cuda::Gemm& g) {
+        if (p.f32) g.bf16_out_f32(x, w, reinterpret_cast<float*>(y), M, p.N, p.K, nullptr);
+        else g.bf16(x, w, y, M, p.N, p.K, nullptr, nullptr, p.name[0] == 'o' || p.name[0] == 'd' ? 1.f : 0.f);
+      };
+      double t_lt = 0, t_sm = 0;
+      for (int round = 0; round < 3; ++round) {  // interleaved: clock drift lands on both
+        // Ten calls back to back per timing (as a decode step issues them), median of 15 timings.
+        t_lt += timer.median_ms([&] { for (int i = 0; i < 10; ++i) call(lt); }, 15) / 10;
+        t_sm += timer.median_ms([&] { for (int i = 0; i < 10; ++i) call(sm); }, 15) / 10;
+      }
+      t_lt /= 3, t_sm /= 3;
+      const double gb = wn * 2 * 1e-9;
+      std::printf("| %s | %d x %d | %d | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.3f |\n", p.name, p.N, p.K, M,
+                  t_lt * 1e3, gb / (t_lt * 1e-3), 100 * gb / (t_lt * 1e-3) / copy, t_sm * 1e3, gb / (t_sm * 1e-3),
+                  100 * gb / (t_sm * 1e-3) / copy, t_sm / t_lt);
+      std::fflush(stdout);
+    }
+    for (void* b : {static_cast<void*>(w), static_cast<void*>(x), static_cast<void*>(y)}) ELASTIC_CUDA_CHECK(cudaFree(b));
+  }
+}
 
 // Decode attention for one layer of the Qwen3-4B shape: every KV head full (a T-slot cache) or every KV head streaming
 // (sink + ring slots, the ring wrapped as after T positions). Reports microseconds per layer and K/V GB/s read.
@@ -276,7 +326,7 @@ void paged_table(const std::vector<int>& lengths, Timer& timer) {
 
 int main(int argc, char** argv) {
   std::vector<int> lengths;
-  bool decode_only = false, kernels_only = false, paired_only = false, paged_only = false;
+  bool decode_only = false, kernels_only = false, paired_only = false, paged_only = false, gemm_only = false;
   // XAttention forward on random block lists that keep this share of each query block's causal key blocks: the
   // speed at the density real attention gives (bench --density on SmolLM2, 8K: mean 0.17 at block 64; 2K: 0.38),
   // where random Q/K make the estimator keep ~0.89.
@@ -285,6 +335,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--decode") decode_only = true;
     else if (a == "--paged") paged_only = true, decode_only = true;
+    else if (a == "--gemm") gemm_only = true;  // only the decode projections table
     else if (a == "--kernels") kernels_only = true;  // only the all-full / all-streaming rows of each kernel
     else if (a == "--paired") paired_only = true;     // only the paired SA-cost table
     else if (a == "--xa-density" && i + 1 < argc) {  // comma list in (0, 1]
@@ -301,13 +352,18 @@ int main(int argc, char** argv) {
       }
     }
     else if (a.empty() || a.find_first_not_of("0123456789") != std::string::npos || std::atoi(a.c_str()) <= 0) {
-      std::fprintf(stderr, "bench_attention_gpu: bad argument '%s' (usage: [--decode | --paged | --kernels | --paired] "
+      std::fprintf(stderr, "bench_attention_gpu: bad argument '%s' (usage: [--decode | --paged | --gemm | --kernels | --paired] "
                            "[--xa-density D,...] [T ...])\n",
                    a.c_str());
       return 2;
     } else lengths.push_back(std::atoi(a.c_str()));
   }
   if (lengths.empty()) lengths = {8192, 16384, 32768, 65536, 131072};
+  if (gemm_only) {
+    Timer timer;
+    gemm_table(timer);
+    return 0;
+  }
   if (decode_only) {
     Timer timer;
     if (!paged_only) decode_table(lengths, timer);

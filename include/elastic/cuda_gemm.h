@@ -40,6 +40,13 @@ class Gemm {
   void pin_rows(int max_rows);
   int pinned_rows() const;
 
+  // Calls with M <= rows (at most kSmallMMaxRows = 4, src/cuda/gemv_small_m.cuh) run Elastic's small-M kernel (a
+  // warp per output feature streaming W) instead of cuBLASLt, where K is a multiple of 8 and X, W are 16-byte
+  // aligned; 0 (the default) keeps cuBLASLt for every M. Ignored while rows are pinned (pin_rows: one algorithm for
+  // every batch size). Each row's sum runs in the same order for every M it allows.
+  void set_small_m_rows(int rows);
+  int small_m_rows() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

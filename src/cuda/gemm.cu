@@ -26,6 +26,7 @@
 
 #include "elastic/cuda.h"
 #include "elastic/cuda_gemm.h"
+#include "gemv_small_m.cuh"
 
 namespace elastic::cuda {
 namespace {
@@ -60,7 +61,11 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::map<Key, Plan> plans;
-  int pinned = 0;  // pin_rows
+  int pinned = 0;   // pin_rows
+  int small_m = 0;  // set_small_m_rows
+  bool use_small_m(const void* X, const void* W, int M, int K) const {
+    return pinned == 0 && M <= small_m && small_m_gemv_fits(X, W, M, K);
+  }
 
   static void destroy(Plan& p) {  // no-throw cleanup
     if (p.cd) cublasLtMatrixLayoutDestroy(p.cd);
@@ -219,14 +224,24 @@ void Gemm::pin_rows(int max_rows) {
 }
 int Gemm::pinned_rows() const { return impl_->pinned; }
 
+void Gemm::set_small_m_rows(int rows) {
+  if (rows < 0 || rows > kSmallMMaxRows)
+    throw std::invalid_argument("Gemm::set_small_m_rows: rows must be 0.." + std::to_string(kSmallMMaxRows) +
+                                ", got " + std::to_string(rows));
+  impl_->small_m = rows;
+}
+int Gemm::small_m_rows() const { return impl_->small_m; }
+
 void Gemm::bf16(const uint16_t* X, const uint16_t* W, uint16_t* Y, int M, int N, int K, cudaStream_t stream,
                 const uint16_t* bias, float beta) {
   check_shape("bf16", X, W, Y, M, N, K);
+  if (impl_->use_small_m(X, W, M, K)) return small_m_gemv(X, W, Y, false, M, N, K, bias, beta, stream);
   impl_->run(X, W, Y, M, N, K, CUDA_R_16BF, bias, beta, ws_bytes_, stream);
 }
 
 void Gemm::bf16_out_f32(const uint16_t* X, const uint16_t* W, float* Y, int M, int N, int K, cudaStream_t stream) {
   check_shape("bf16_out_f32", X, W, Y, M, N, K);
+  if (impl_->use_small_m(X, W, M, K)) return small_m_gemv(X, W, Y, true, M, N, K, nullptr, 0.f, stream);
   impl_->run(X, W, Y, M, N, K, CUDA_R_32F, nullptr, 0.f, ws_bytes_, stream);
 }
 

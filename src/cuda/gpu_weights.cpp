@@ -95,6 +95,7 @@ void GpuModel::Impl::init_common() {
   ELASTIC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   gemm = std::make_unique<Gemm>();
   if (o.batch_invariant) gemm->pin_rows(std::max(o.slots, 1));  // decode's M <= slots; prefill's chunks are larger
+  else gemm->set_small_m_rows(o.small_m_rows);                    // throws outside 0..4
 
   // The plan, before allocating, so a plan that cannot fit fails with its numbers.
   plan.weights = bytes();
@@ -118,7 +119,11 @@ void GpuModel::Impl::init_common() {
   plan.kernels = "attention " + describe_attention(*o.attention, Hq, Hkv) + "; decode " + describe_paged_decode() +
                  (o.batch_invariant ? ", batch-invariant (GEMM algorithms pinned to " + std::to_string(o.slots) +
                                           " rows, units cut per sequence)"
-                                    : "");
+                                    : "") +
+                 "; projections " + (gemm->small_m_rows() > 0 && !o.batch_invariant
+                                         ? "small-M kernel up to " + std::to_string(gemm->small_m_rows()) +
+                                               " rows, cuBLASLt above"
+                                         : std::string("cuBLASLt"));
   const int mu = max_units(S);  // max_units grows with the batch: S's covers every batch size
   const size_t dec_ws = size_t(paged_decode_workspace_floats(mu, Hq / Hkv, hd)) * 4;
   const size_t step_heads = size_t(c.n_layers) * S * Hkv;

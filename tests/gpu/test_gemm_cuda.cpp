@@ -186,6 +186,40 @@ TEST(CudaGemm, MatchesCpuReference) {
   ELASTIC_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// The small-M kernel (Gemm::set_small_m_rows): every variant at M 1..4 against the same reference, on the model's
+// decode shapes (Qwen3-4B's q/k/v, o, gate/up, down; a K whose 16-byte chunks are not a multiple of 32 lanes x 8 in
+// flight; an N not a multiple of the block's 8 warps); then a K not a multiple of 8 and M 5, which fall back to
+// cuBLASLt. Each row's bits do not depend on M: row 0 of an M-row call equals the same row alone.
+TEST(CudaGemm, SmallMKernelMatchesCpuReference) {
+  if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  SEEDED_RNG(rng);
+  cudaStream_t stream = nullptr;
+  ELASTIC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    elastic::cuda::Gemm g;
+    g.set_small_m_rows(4);
+    EXPECT_EQ(g.small_m_rows(), 4);
+    for (int M = 1; M <= 4; ++M)
+      for (const Shape& s : {Shape{M, 6144, 2560}, Shape{M, 2560, 4096}, Shape{M, 2560, 9728}, Shape{M, 1003, 2568},
+                             Shape{M, 19456, 2560}})
+        check_shape(g, s, rng, stream);
+    check_shape(g, Shape{2, 77, 33}, rng, stream);     // K % 8 != 0: cuBLASLt
+    check_shape(g, Shape{5, 2560, 4096}, rng, stream);  // M past the rows: cuBLASLt
+
+    const int N = 1003, K = 2568;
+    const auto X = random_bf16(size_t(4) * K, rng, 1.f);
+    const auto W = random_bf16(size_t(N) * K, rng, 1.f / std::sqrt(float(K)));
+    DevBuf<uint16_t> dX(X), dW(W), d1(N), d4(size_t(4) * N);
+    g.bf16(dX.p, dW.p, d1.p, 1, N, K, stream);
+    g.bf16(dX.p, dW.p, d4.p, 4, N, K, stream);
+    ELASTIC_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto y1 = d1.down(), y4 = d4.down();
+    EXPECT_TRUE(std::equal(y1.begin(), y1.end(), y4.begin())) << "row 0 alone differs from row 0 of 4";
+    EXPECT_THROW(g.set_small_m_rows(5), std::invalid_argument);
+  }
+  ELASTIC_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 // Odd sizes (no dimension a multiple of 8) and the default stream.
 TEST(CudaGemm, OddShapesDefaultStream) {
   if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";

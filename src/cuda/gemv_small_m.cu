@@ -1,0 +1,120 @@
+// The small-M projection kernel (gemv_small_m.cuh says why and how).
+#include <cuda_bf16.h>
+
+#include "elastic/cuda.h"
+#include "gemv_small_m.cuh"
+
+namespace elastic::cuda {
+namespace {
+
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+constexpr int kInFlight = 8;  // 16-byte chunks of W a lane loads before using any
+
+__device__ __forceinline__ float lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float s) {
+  s = fmaf(lo(w.x), lo(x.x), s);
+  s = fmaf(hi(w.x), hi(x.x), s);
+  s = fmaf(lo(w.y), lo(x.y), s);
+  s = fmaf(hi(w.y), hi(x.y), s);
+  s = fmaf(lo(w.z), lo(x.z), s);
+  s = fmaf(hi(w.z), hi(x.z), s);
+  s = fmaf(lo(w.w), lo(x.w), s);
+  s = fmaf(hi(w.w), hi(x.w), s);
+  return s;
+}
+
+// W is read once per step: bypass L1, and ask L2 to fetch the whole 256-byte sector group (the next lanes' chunks).
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+template <int M, bool F32>
+__global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __restrict__ X,
+                                                            const uint16_t* __restrict__ W, void* __restrict__ Y,
+                                                            int N, int K, const uint16_t* __restrict__ bias,
+                                                            float beta) {
+  const int lane = threadIdx.x & 31;
+  const int n = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  if (n >= N) return;
+  const int K8 = K >> 3;
+  const uint4* w = reinterpret_cast<const uint4*>(W + size_t(n) * K);
+  const uint4* x = reinterpret_cast<const uint4*>(X);
+  float acc[M];
+#pragma unroll
+  for (int r = 0; r < M; ++r) acc[r] = 0.f;
+  int i = lane;
+  for (; i + (kInFlight - 1) * 32 < K8; i += kInFlight * 32) {
+    uint4 wv[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) wv[u] = load_stream(w + i + u * 32);
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u)
+#pragma unroll
+      for (int r = 0; r < M; ++r) acc[r] = dot8(wv[u], __ldg(x + size_t(r) * K8 + i + u * 32), acc[r]);
+  }
+  {  // the row's tail: every remaining chunk of this lane loaded before any is used
+    uint4 wv[kInFlight - 1];
+#pragma unroll
+    for (int u = 0; u < kInFlight - 1; ++u)
+      if (i + u * 32 < K8) wv[u] = load_stream(w + i + u * 32);
+#pragma unroll
+    for (int u = 0; u < kInFlight - 1; ++u)
+      if (i + u * 32 < K8)
+#pragma unroll
+        for (int r = 0; r < M; ++r) acc[r] = dot8(wv[u], __ldg(x + size_t(r) * K8 + i + u * 32), acc[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < M; ++r)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  if (lane >= M) return;
+  float v = acc[0];
+#pragma unroll
+  for (int r = 1; r < M; ++r)
+    if (lane == r) v = acc[r];
+  const size_t at = size_t(lane) * N + n;
+  if constexpr (F32) {
+    static_cast<float*>(Y)[at] = v;
+  } else {
+    uint16_t* y = static_cast<uint16_t*>(Y);
+    // cuBLASLt's order: the bias joins the fp32 product, beta * C is added, then one rounding to bf16.
+    if (bias) v += __uint_as_float(uint32_t(bias[n]) << 16);
+    if (beta != 0.f) v = fmaf(beta, __uint_as_float(uint32_t(y[at]) << 16), v);
+    const __nv_bfloat16 h = __float2bfloat16(v);
+    y[at] = *reinterpret_cast<const uint16_t*>(&h);
+  }
+}
+
+template <bool F32>
+void launch_rows(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, const uint16_t* bias,
+                 float beta, cudaStream_t stream) {
+  const int blocks = (N + kWarps - 1) / kWarps;
+  switch (M) {
+    case 1: small_m_kernel<1, F32><<<blocks, kThreads, 0, stream>>>(X, W, Y, N, K, bias, beta); break;
+    case 2: small_m_kernel<2, F32><<<blocks, kThreads, 0, stream>>>(X, W, Y, N, K, bias, beta); break;
+    case 3: small_m_kernel<3, F32><<<blocks, kThreads, 0, stream>>>(X, W, Y, N, K, bias, beta); break;
+    default: small_m_kernel<4, F32><<<blocks, kThreads, 0, stream>>>(X, W, Y, N, K, bias, beta); break;
+  }
+  ELASTIC_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+bool small_m_gemv_fits(const void* X, const void* W, int M, int K) {
+  return M >= 1 && M <= kSmallMMaxRows && K > 0 && K % 8 == 0 && reinterpret_cast<uintptr_t>(X) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(W) % 16 == 0;
+}
+
+void small_m_gemv(const uint16_t* X, const uint16_t* W, void* Y, bool y_f32, int M, int N, int K,
+                  const uint16_t* bias, float beta, cudaStream_t stream) {
+  if (y_f32) launch_rows<true>(X, W, Y, M, N, K, nullptr, 0.f, stream);
+  else launch_rows<false>(X, W, Y, M, N, K, bias, beta, stream);
+}
+
+}  // namespace elastic::cuda
