@@ -92,7 +92,17 @@ expect_fail "cannot write SVG" $BIN plot $TMP/p.csv -o $TMP/no/dir/p.svg --y-lab
 printf 'T,ours\n0,1\n' > $TMP/zero.csv
 expect_fail "--log2-x needs x > 0" $BIN plot $TMP/zero.csv -o $TMP/z.svg --y-label y --log2-x
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
-expect_fail "--batch, --kv-pool-gib and --batch-invariant need --device cuda" $BIN bench --batch 8
+expect_fail "--batch, --kv-pool-gib, --batch-invariant and --small-m-rows need --device cuda" $BIN bench --batch 8
+expect_fail "--small-m-rows need --device cuda" $BIN bench --small-m-rows 4
+expect_fail "route init: give -m MODEL or --shape NAME" $BIN route init -o /dev/null
+expect_fail "fa-ssa" $BIN route init --shape qwen3-0.6b --config nope -o /dev/null
+# An untrained router made for a shape routes only that shape; made for the model, it routes it.
+$BIN route init --shape qwen3-0.6b -o $TMP/rinit_shape.safetensors 2>/dev/null || { echo "FAIL: route init --shape"; fails=$((fails+1)); }
+expect_fail "router is for 28 layers x 8 KV heads x head_dim 128, the model has 2 x 2 x 32" \
+  $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --router $TMP/rinit_shape.safetensors
+$BIN route init -m $FX/qwen3_tiny --block 64 -o $TMP/rinit.safetensors 2>/dev/null &&
+  $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --router $TMP/rinit.safetensors > /dev/null 2>&1 ||
+  { echo "FAIL: route init -m, then generate --router"; fails=$((fails+1)); }
 expect_fail "--shape (random weights) needs --device cuda" $BIN serve --shape qwen3-4b
 expect_fail "--attn-kernel" $BIN bench --device cuda --attn-kernel fastest
 expect_fail "--text needs -m" $BIN bench --text /etc/hostname -c 128
