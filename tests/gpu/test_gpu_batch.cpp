@@ -400,7 +400,8 @@ TEST(GpuBatchErrors, BadBatchesNameTheProblem) {
 INSTANTIATE_TEST_SUITE_P(Archs, GpuBatch, ::testing::Values(false, true),
                          [](const auto& i) { return std::string(i.param ? "LlamaHd64Bias" : "Qwen3Hd128QkNorm"); });
 
-// `serve --device cuda --parallel 4`: four concurrent greedy requests (different prompt lengths) run on the GPU
+// `serve --device cuda --parallel 4`: four concurrent requests (different prompt lengths; two greedy, two seeded
+// samples) run on the GPU
 // model's slots together (fewer decode steps than tokens: the steps were batched), batch-invariantly as serve runs
 // them, and each returns the tokens (return_token_ids) the same request gets alone on the same model afterwards,
 // with its routing figures; the model's pages are all back when they are done.
@@ -433,13 +434,17 @@ TEST(GpuServe, ConcurrentRequestsBatchOnTheGpuSlots) {
   }
   const int port = srv.port();
   std::vector<std::future<json>> answers;
-  for (const auto& p : prompts)
-    answers.push_back(std::async(std::launch::async, [port, p] {
+  // Requests 0 and 2 greedy; 1 and 3 sampled with their own seeds (temperature, top-k, top-p): seeded sampling is
+  // batch-invariant too, since the rows' logits are.
+  std::vector<SamplerParams> sampling(prompts.size());
+  for (size_t i = 1; i < prompts.size(); i += 2) sampling[i] = SamplerParams{0.8f, 40, 0.9f, 1000 + i};
+  for (size_t i = 0; i < prompts.size(); ++i)
+    answers.push_back(std::async(std::launch::async, [port, p = prompts[i], sp = sampling[i]] {
       httplib::Client c("127.0.0.1", port);
       c.set_read_timeout(120, 0);
-      auto res = c.Post("/v1/completions",
-                        json{{"prompt", p}, {"max_tokens", 64}, {"temperature", 0}, {"return_token_ids", true}}.dump(),
-                        "application/json");
+      json body{{"prompt", p}, {"max_tokens", 64}, {"temperature", sp.temperature}, {"return_token_ids", true}};
+      if (sp.temperature > 0) body.update(json{{"top_k", sp.top_k}, {"top_p", sp.top_p}, {"seed", sp.seed}});
+      auto res = c.Post("/v1/completions", body.dump(), "application/json");
       if (!res) return json{{"error", httplib::to_string(res.error())}};
       if (res->status != 200) return json{{"error", res->body}};
       return json::parse(res->body);
@@ -470,7 +475,7 @@ TEST(GpuServe, ConcurrentRequestsBatchOnTheGpuSlots) {
   // Each request alone on the same model: the tokens it was served, token for token.
   for (size_t i = 0; i < prompts.size(); ++i) {
     const auto alone = generate(*cuda::gpu_sequence_backend(*g), m.config, prompts[i], 64, &r, nullptr,
-                                SamplerParams{}, false, nullptr);
+                                sampling[i], false, nullptr);
     EXPECT_EQ(served[i], alone) << "request " << i;
   }
   fs::remove_all(dir);
