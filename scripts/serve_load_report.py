@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Plots of scripts/gpu_serve_load.sh's results: per prompt length, requests/s and output tokens/s against concurrent
-clients, one series per (routing, --parallel), drawn by `elastic plot` (SVG). Also writes the CSVs it plots.
+clients, one series per (routing, --parallel), drawn by `elastic plot` (SVG). With --capacity, also
+scripts/gpu_serve_capacity.sh's samples: requests running and GiB of KV held against time, one series per routing.
+Writes the CSVs it plots beside the SVGs.
 
-  python3 scripts/serve_load_report.py serve_load.jsonl [more.jsonl ...] --out DIR [--elastic build/elastic]
+  python3 scripts/serve_load_report.py [serve_load.jsonl ...] [--capacity capacity.jsonl] --out DIR [--elastic E]
 """
 import argparse
 import collections
@@ -14,7 +16,8 @@ import sys
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("jsonl", nargs="+")
+    ap.add_argument("jsonl", nargs="*")
+    ap.add_argument("--capacity", help="capacity.jsonl of scripts/gpu_serve_capacity.sh")
     ap.add_argument("--out", required=True, help="folder for serve_<metric>_<prompt>.csv and .svg")
     ap.add_argument("--elastic", default="build/elastic")
     args = ap.parse_args()
@@ -22,9 +25,11 @@ def main():
     for path in args.jsonl:
         with open(path) as f:
             rows += [json.loads(line) for line in f if line.strip()]
-    if not rows:
-        sys.exit("serve_load_report: no rows in " + ", ".join(args.jsonl))
+    if not rows and not args.capacity:
+        sys.exit("serve_load_report: give serve_load.jsonl files or --capacity")
     os.makedirs(args.out, exist_ok=True)
+    if args.capacity:
+        capacity_plots(args.capacity, args.out, args.elastic)
     # A later row of the same (prompt, routing, parallel, clients) replaces an earlier one (a rerun).
     cell = {}
     for r in rows:
@@ -47,6 +52,30 @@ def main():
                 prompt, "/".join(map(str, maxtok)), label)
             subprocess.run([args.elastic, "plot", base + ".csv", "-o", base + ".svg", "--title", title,
                             "--x-label", "concurrent clients", "--y-label", label, "--log2-x"], check=True)
+
+
+def capacity_plots(path, out, elastic):
+    samples = collections.defaultdict(dict)  # routing -> {t rounded to 0.5 s: sample}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                if not r.get("summary"):
+                    samples[r["routing"]][round(r["t"] * 2) / 2] = r
+    if not samples:
+        sys.exit("serve_load_report: no samples in " + path)
+    names = list(samples)
+    ts = sorted({t for s in samples.values() for t in s})
+    for key, label, scale in (("running", "requests running", 1.0), ("held", "KV held, GiB", 2.0 ** -30)):
+        base = os.path.join(out, "capacity_%s" % key)
+        with open(base + ".csv", "w") as f:
+            f.write("seconds," + ",".join(names) + "\n")
+            for t in ts:
+                f.write("%g,%s\n" % (t, ",".join(("%.4g" % (samples[n][t].get(key, 0) * scale))
+                                                   if t in samples[n] else "" for n in names)))
+        subprocess.run([elastic, "plot", base + ".csv", "-o", base + ".svg", "--title",
+                        "GPU server, one KV pool, long requests arriving at once: " + label,
+                        "--x-label", "seconds since the requests were sent", "--y-label", label], check=True)
 
 
 if __name__ == "__main__":
