@@ -94,6 +94,7 @@ expect_fail "--log2-x needs x > 0" $BIN plot $TMP/zero.csv -o $TMP/z.svg --y-lab
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
 expect_fail "--batch, --kv-pool-gib, --batch-invariant and --small-m-rows need --device cuda" $BIN bench --batch 8
 expect_fail "--small-m-rows need --device cuda" $BIN bench --small-m-rows 4
+expect_fail "--small-m-rows and --batch-invariant exclude each other" $BIN bench --device cuda --small-m-rows 4 --batch-invariant
 expect_fail "route init: give -m MODEL or --shape NAME" $BIN route init -o /dev/null
 expect_fail "fa-ssa" $BIN route init --shape qwen3-0.6b --config nope -o /dev/null
 # An untrained router made for a shape routes only that shape; made for the model, it routes it.

@@ -238,6 +238,9 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     if (!o->density.empty() && gpu)
       throw std::runtime_error("bench: --density counts blocks on the CPU reference (the GPU kernels do not count "
                                "them); run it with --device cpu");
+    if (o->batch_invariant && o->small_m_rows)
+      throw std::runtime_error("bench: --small-m-rows and --batch-invariant exclude each other (batch invariance runs "
+                               "one cuBLASLt algorithm for every batch size)");
     if (!gpu && (o->batch != 1 || o->kv_pool_gib > 0 || o->batch_invariant || o->small_m_rows))
       throw std::runtime_error("bench: --batch, --kv-pool-gib, --batch-invariant and --small-m-rows need --device "
                                "cuda (the CPU bench times prefill only)");

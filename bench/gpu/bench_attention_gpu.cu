@@ -64,14 +64,14 @@ struct Timer {
     cudaEventDestroy(b);
   }
   template <class F>
-  double median_ms(F&& f, int reps) {
+  double median_ms(F&& f, int reps, cudaStream_t stream = nullptr) {  // events on `stream`, where f launches
     f();  // warm-up
     ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<double> v;
     for (int r = 0; r < reps; ++r) {
-      ELASTIC_CUDA_CHECK(cudaEventRecord(a));
+      ELASTIC_CUDA_CHECK(cudaEventRecord(a, stream));
       f();
-      ELASTIC_CUDA_CHECK(cudaEventRecord(b));
+      ELASTIC_CUDA_CHECK(cudaEventRecord(b, stream));
       ELASTIC_CUDA_CHECK(cudaEventSynchronize(b));
       float ms = 0;
       ELASTIC_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
@@ -107,43 +107,71 @@ double pairs_head(const KVHeadMeta& m, int T, int B, const std::vector<int32_t>*
 
 // Decode projections (issue 21): the Qwen3-4B shapes a decode step multiplies (q/k/v, o, gate/up, down, the
 // logits), M = 1, 2, 4 and 8 rows, through cuBLASLt and through the small-M kernel (Gemm::set_small_m_rows; M 8 is
-// past it, so both columns run cuBLASLt there), interleaved per shape in three rounds, each the median of 15 timings of ten calls after a warm-up.
-// GB/s counts W's bytes (X and Y are a few KiB); "of copy" is that over the device-to-device copy rate measured here.
+// past it, so both columns run cuBLASLt there). As in a decode step: each call reads its W from HBM (the calls cycle
+// through copies of W that together exceed three times the L2 cache) and the calls run as a CUDA graph (ten calls a
+// replay; no host launch cost). Per shape and M the two are timed in three interleaved rounds, each the median of 15
+// replays. GB/s counts W's bytes (X and Y are a few KiB); "of copy" is that over the device-to-device copy rate
+// measured here, which counts a read and a write per byte.
 void gemm_table(Timer& timer) {
   const double copy = copy_bandwidth_gbs();
+  cudaDeviceProp prop{};
+  ELASTIC_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   struct Proj {
     const char* name;
     int N, K;
-    bool f32;
+    bool f32, accumulate;
   };
-  const Proj projs[] = {{"q/k/v", 6144, 2560, false}, {"o", 2560, 4096, false}, {"gate/up", 19456, 2560, false},
-                        {"down", 2560, 9728, false}, {"logits", 151936, 2560, true}};
-  std::printf("\ncopy (device to device, read + write): %.0f GB/s\n\n| projection | N x K | M | cuBLASLt us | GB/s | of copy "
-              "| small-M us | GB/s | of copy | small-M / cuBLASLt |\n|---|---|---|---|---|---|---|---|---|---|\n",
-              copy);
+  const Proj projs[] = {{"q/k/v", 6144, 2560, false, false}, {"o", 2560, 4096, false, true},
+                        {"gate/up", 19456, 2560, false, false}, {"down", 2560, 9728, false, true},
+                        {"logits", 151936, 2560, true, false}};
+  std::printf("\ncopy (device to device, read + write): %.0f GB/s; L2 %d MiB\n\n| projection | N x K | M | cuBLASLt us | "
+              "GB/s | of copy | small-M us | GB/s | of copy | small-M / cuBLASLt |\n|---|---|---|---|---|---|---|---|---|---|\n",
+              copy, prop.l2CacheSize >> 20);
+  cudaStream_t st;
+  ELASTIC_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   elastic::cuda::Gemm lt, sm;
   sm.set_small_m_rows(4);
+  constexpr int kCalls = 10;
   for (const Proj& p : projs) {
     const size_t wn = size_t(p.N) * p.K;
+    const int copies = int(std::max<size_t>(1, (size_t(3) * prop.l2CacheSize + wn * 2 - 1) / (wn * 2)));
     uint16_t *w, *x, *y;
-    ELASTIC_CUDA_CHECK(cudaMalloc(&w, wn * 2));
+    ELASTIC_CUDA_CHECK(cudaMalloc(&w, wn * 2 * copies));
     ELASTIC_CUDA_CHECK(cudaMalloc(&x, size_t(8) * p.K * 2));
     ELASTIC_CUDA_CHECK(cudaMalloc(&y, size_t(8) * p.N * 4));
-    fill_random_bf16<<<1024, 256>>>(w, wn, 5u, 0.02f);
+    fill_random_bf16<<<1024, 256>>>(w, wn * copies, 5u, 0.02f);
     fill_random_bf16<<<1024, 256>>>(x, size_t(8) * p.K, 6u, 1.f);
     ELASTIC_CUDA_CHECK(cudaGetLastError());
     for (const int M : {1, 2, 4, 8}) {
-      auto call = [&](elastic::cuda::Gemm& g) {
-        if (p.f32) g.bf16_out_f32(x, w, reinterpret_cast<float*>(y), M, p.N, p.K, nullptr);
-        else g.bf16(x, w, y, M, p.N, p.K, nullptr, nullptr, p.name[0] == 'o' || p.name[0] == 'd' ? 1.f : 0.f);
+      auto call = [&](elastic::cuda::Gemm& g, int c) {
+        const uint16_t* wc = w + size_t(c % copies) * wn;
+        if (p.f32) g.bf16_out_f32(x, wc, reinterpret_cast<float*>(y), M, p.N, p.K, st);
+        else g.bf16(x, wc, y, M, p.N, p.K, st, nullptr, p.accumulate ? 1.f : 0.f);
+      };
+      auto graph = [&](elastic::cuda::Gemm& g) {
+        call(g, 0);  // plans made outside the capture
+        ELASTIC_CUDA_CHECK(cudaStreamSynchronize(st));
+        cudaGraph_t gr;
+        cudaGraphExec_t ex;
+        ELASTIC_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int c = 0; c < kCalls; ++c) call(g, c);
+        ELASTIC_CUDA_CHECK(cudaStreamEndCapture(st, &gr));
+        ELASTIC_CUDA_CHECK(cudaGraphInstantiate(&ex, gr, 0));
+        ELASTIC_CUDA_CHECK(cudaGraphDestroy(gr));
+        return ex;
+      };
+      cudaGraphExec_t g_lt = graph(lt), g_sm = graph(sm);
+      auto replay_ms = [&](cudaGraphExec_t ex) {
+        return timer.median_ms([&] { ELASTIC_CUDA_CHECK(cudaGraphLaunch(ex, st)); }, 15, st) / kCalls;
       };
       double t_lt = 0, t_sm = 0;
       for (int round = 0; round < 3; ++round) {  // interleaved: clock drift lands on both
-        // Ten calls back to back per timing (as a decode step issues them), median of 15 timings.
-        t_lt += timer.median_ms([&] { for (int i = 0; i < 10; ++i) call(lt); }, 15) / 10;
-        t_sm += timer.median_ms([&] { for (int i = 0; i < 10; ++i) call(sm); }, 15) / 10;
+        t_lt += replay_ms(g_lt);
+        t_sm += replay_ms(g_sm);
       }
       t_lt /= 3, t_sm /= 3;
+      ELASTIC_CUDA_CHECK(cudaGraphExecDestroy(g_lt));
+      ELASTIC_CUDA_CHECK(cudaGraphExecDestroy(g_sm));
       const double gb = wn * 2 * 1e-9;
       std::printf("| %s | %d x %d | %d | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.3f |\n", p.name, p.N, p.K, M,
                   t_lt * 1e3, gb / (t_lt * 1e-3), 100 * gb / (t_lt * 1e-3) / copy, t_sm * 1e3, gb / (t_sm * 1e-3),
@@ -152,6 +180,7 @@ void gemm_table(Timer& timer) {
     }
     for (void* b : {static_cast<void*>(w), static_cast<void*>(x), static_cast<void*>(y)}) ELASTIC_CUDA_CHECK(cudaFree(b));
   }
+  ELASTIC_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
 // Decode attention for one layer of the Qwen3-4B shape: every KV head full (a T-slot cache) or every KV head streaming

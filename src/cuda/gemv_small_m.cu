@@ -83,7 +83,8 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __res
     static_cast<float*>(Y)[at] = v;
   } else {
     uint16_t* y = static_cast<uint16_t*>(Y);
-    // cuBLASLt's order: the bias joins the fp32 product, beta * C is added, then one rounding to bf16.
+    // As cuBLASLt: bias and beta * C join the fp32 sum, then one rounding to bf16 (the model never passes both; were
+    // it to, the fp32 order here, bias first, could differ from cuBLASLt's in the last fp32 bit).
     if (bias) v += __uint_as_float(uint32_t(bias[n]) << 16);
     if (beta != 0.f) v = fmaf(beta, __uint_as_float(uint32_t(y[at]) << 16), v);
     const __nv_bfloat16 h = __float2bfloat16(v);

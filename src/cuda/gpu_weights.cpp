@@ -94,6 +94,10 @@ void GpuModel::Impl::init_common() {
   const size_t ctx = o.max_ctx;
   ELASTIC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   gemm = std::make_unique<Gemm>();
+  // The small-M kernel's rows would not match the pinned cuBLASLt algorithm's for batches past its 4 rows.
+  if (o.batch_invariant && o.small_m_rows)
+    throw std::invalid_argument("gpu: small_m_rows and batch_invariant exclude each other (batch invariance runs one "
+                                "cuBLASLt algorithm for every batch size)");
   if (o.batch_invariant) gemm->pin_rows(std::max(o.slots, 1));  // decode's M <= slots; prefill's chunks are larger
   else gemm->set_small_m_rows(o.small_m_rows);                    // throws outside 0..4
 
@@ -120,7 +124,7 @@ void GpuModel::Impl::init_common() {
                  (o.batch_invariant ? ", batch-invariant (GEMM algorithms pinned to " + std::to_string(o.slots) +
                                           " rows, units cut per sequence)"
                                     : "") +
-                 "; projections " + (gemm->small_m_rows() > 0 && !o.batch_invariant
+                 "; projections " + (gemm->small_m_rows() > 0
                                          ? "small-M kernel up to " + std::to_string(gemm->small_m_rows()) +
                                                " rows, cuBLASLt above"
                                          : std::string("cuBLASLt"));

@@ -220,6 +220,77 @@ TEST(CudaGemm, SmallMKernelMatchesCpuReference) {
   ELASTIC_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// The small-M kernel's sum for one output, emulated on the host in the kernel's exact order: lane l takes W's 8-element
+// chunks l, l + 32, ... in ascending order, each chunk's eight products accumulated by fma in element order, then the
+// xor butterfly over offsets 16, 8, 4, 2, 1 (a float add is commutative, so every lane ends with the same bits).
+static float small_m_order(const uint16_t* x, const uint16_t* w, int K) {
+  float acc[32];
+  for (int l = 0; l < 32; ++l) {
+    float a = 0.f;
+    for (int c = l; c < K / 8; c += 32)
+      for (int e = 0; e < 8; ++e) a = std::fma(bf2f(w[size_t(c) * 8 + e]), bf2f(x[size_t(c) * 8 + e]), a);
+    acc[l] = a;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    float next[32];
+    for (int l = 0; l < 32; ++l) next[l] = acc[l] + acc[l ^ o];
+    std::copy(next, next + 32, acc);
+  }
+  return acc[0];
+}
+
+// The calls set_small_m_rows covers run the small-M kernel, not cuBLASLt: every output has the bits of the kernel's
+// order emulated on the host (cuBLASLt's summation order differs, so a fallback would fail here), for bf16 and fp32
+// outputs, bias and beta = 1, at K whose chunks leave every tail length (K / 8 = 496: 240 chunks past the last pass of
+// 256, the seventh tail slot used by some lanes and not others; 16 and 1 chunks: lanes with nothing to load). A
+// misaligned X falls back to cuBLASLt and is still right.
+TEST(CudaGemm, SmallMKernelRunsInItsOrderBitwise) {
+  if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  SEEDED_RNG(rng);
+  elastic::cuda::Gemm g;
+  g.set_small_m_rows(4);
+  for (const Shape& s : {Shape{1, 6144, 2560}, Shape{4, 1003, 3968}, Shape{3, 77, 128}, Shape{2, 33, 8},
+                         Shape{4, 2560, 9728}}) {
+    const int M = s.M, N = s.N, K = s.K;
+    const std::string tag = "M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K);
+    const auto X = random_bf16(size_t(M) * K, rng, 1.f);
+    const auto W = random_bf16(size_t(N) * K, rng, 1.f / std::sqrt(float(K)));
+    const auto bias = random_bf16(N, rng, 1.f);
+    const auto Y0 = random_bf16(size_t(M) * N, rng, 1.f);
+    std::vector<float> sum(size_t(M) * N);
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) sum[size_t(m) * N + n] = small_m_order(&X[size_t(m) * K], &W[size_t(n) * K], K);
+    DevBuf<uint16_t> dX(X), dW(W), dbias(bias), dY(size_t(M) * N);
+    DevBuf<float> dYf(size_t(M) * N);
+    g.bf16_out_f32(dX.p, dW.p, dYf.p, M, N, K, nullptr);
+    dY.up(Y0);
+    g.bf16(dX.p, dW.p, dY.p, M, N, K, nullptr, dbias.p, 1.f);
+    ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto yf = dYf.down();
+    const auto y = dY.down();
+    size_t off_f = 0, off_b = 0;
+    for (size_t i = 0; i < sum.size(); ++i) {
+      off_f += std::memcmp(&yf[i], &sum[i], 4) != 0;
+      const float v = std::fma(1.f, bf2f(Y0[i]), sum[i] + bf2f(bias[i % N]));
+      off_b += y[i] != f2bf(v);
+    }
+    EXPECT_EQ(off_f, 0u) << tag << ": fp32 outputs off the kernel's order";
+    EXPECT_EQ(off_b, 0u) << tag << ": bf16 + bias + beta outputs off the kernel's order";
+  }
+  // X 8 bytes past a 16-byte boundary: cuBLASLt runs it, within check_shape's tolerance of the double reference.
+  const int M = 2, N = 300, K = 256;
+  const auto X = random_bf16(size_t(M) * K + 4, rng, 1.f);
+  const auto W = random_bf16(size_t(N) * K, rng, 1.f / std::sqrt(float(K)));
+  const auto ref = reference(std::vector<uint16_t>(X.begin() + 4, X.end()), W, M, N, K);
+  DevBuf<uint16_t> dX(X), dW(W), dY(size_t(M) * N);
+  g.bf16(dX.p + 4, dW.p, dY.p, M, N, K, nullptr);
+  ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto y = dY.down();
+  size_t bad = 0;
+  EXPECT_LT(rel_err(ref, [&](size_t i) { return double(bf2f(y[i])); }, &bad), 1e-2);
+  EXPECT_EQ(bad, 0u);
+}
+
 // Odd sizes (no dimension a multiple of 8) and the default stream.
 TEST(CudaGemm, OddShapesDefaultStream) {
   if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
