@@ -172,7 +172,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     int layers = 0, vocab = 0, reps = 3, threads = 0, chunk = 16384, decode = 32, batch = 1;
     double kv_pool_gib = 0;
     bool batch_invariant = false;
-    int small_m_rows = 0;
+    int small_m_rows = -1;  // unset: GpuOptions' default
     std::string device = "cpu", attn_kernel, plot, text, density;
     uint64_t seed = 0;
     SparseSettings sparse;
@@ -220,7 +220,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                "GPU: decode as the server does, rows bitwise equal alone and batched (GpuOptions::batch_invariant)");
   sub->add_option("--small-m-rows", o->small_m_rows,
                   "GPU: projections of up to this many rows through Elastic's small-M kernel instead of cuBLASLt "
-                  "(GpuOptions::small_m_rows; 0 = cuBLASLt)")
+                  "(GpuOptions::small_m_rows, default 2; 0 = cuBLASLt)")
       ->check(in_range(0, 4));
   sub->add_option("--attn-kernel", o->attn_kernel,
                   "GPU: prefill attention kernel (default auto; the measurement variants run in bench_attention_gpu, "
@@ -238,10 +238,10 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     if (!o->density.empty() && gpu)
       throw std::runtime_error("bench: --density counts blocks on the CPU reference (the GPU kernels do not count "
                                "them); run it with --device cpu");
-    if (o->batch_invariant && o->small_m_rows)
+    if (o->batch_invariant && o->small_m_rows > 0)
       throw std::runtime_error("bench: --small-m-rows and --batch-invariant exclude each other (batch invariance runs "
                                "one cuBLASLt algorithm for every batch size)");
-    if (!gpu && (o->batch != 1 || o->kv_pool_gib > 0 || o->batch_invariant || o->small_m_rows))
+    if (!gpu && (o->batch != 1 || o->kv_pool_gib > 0 || o->batch_invariant || o->small_m_rows >= 0))
       throw std::runtime_error("bench: --batch, --kv-pool-gib, --batch-invariant and --small-m-rows need --device "
                                "cuda (the CPU bench times prefill only)");
     if (!o->attn_kernel.empty()) {
@@ -294,7 +294,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       go.chunk = o->chunk;
       go.slots = o->batch;
       go.batch_invariant = o->batch_invariant;
-      go.small_m_rows = o->small_m_rows;
+      if (o->small_m_rows >= 0) go.small_m_rows = o->small_m_rows;
       go.kv_pool_bytes = static_cast<size_t>(o->kv_pool_gib * double(size_t(1) << 30));
       go.attention = cuda::attention_config_from_env();  // ELASTIC_ATTN_OPTS still applies; --attn-kernel names the kernel
       if (!o->attn_kernel.empty())  // the flag wins over ELASTIC_ATTN_KERNEL

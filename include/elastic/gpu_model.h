@@ -47,8 +47,10 @@ struct GpuOptions {
   // docs/PERFORMANCE.md); off, each batch size gets the heuristic's fastest algorithm and one cut for the batch.
   bool batch_invariant = false;
   // Projections of up to this many rows (decode) through Elastic's small-M kernel instead of cuBLASLt
-  // (Gemm::set_small_m_rows, 0..4; 0 = cuBLASLt for all); not under batch_invariant. Printed with the plan.
-  int small_m_rows = 0;
+  // (Gemm::set_small_m_rows, 0..4; 0 = cuBLASLt for all). 2: measured faster than cuBLASLt at 1 and 2 rows and slower
+  // at 4 (H100, docs/PERFORMANCE.md). batch_invariant overrides it (one cuBLASLt algorithm for every batch size).
+  // Printed with the plan.
+  int small_m_rows = 2;
   int chunk = 16384;    // prefill chunk; a multiple of the sparse block size when XAttention heads run
   bool graphs = true;   // decode through a CUDA graph
   int device = 0;

@@ -94,12 +94,12 @@ void GpuModel::Impl::init_common() {
   const size_t ctx = o.max_ctx;
   ELASTIC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   gemm = std::make_unique<Gemm>();
-  // The small-M kernel's rows would not match the pinned cuBLASLt algorithm's for batches past its 4 rows.
-  if (o.batch_invariant && o.small_m_rows)
-    throw std::invalid_argument("gpu: small_m_rows and batch_invariant exclude each other (batch invariance runs one "
-                                "cuBLASLt algorithm for every batch size)");
+  // Batch invariance pins one cuBLASLt algorithm for every batch size: the small-M kernel's rows would not match it
+  // past its rows, so it stays off there (the plan says which runs).
+  if (o.small_m_rows < 0 || o.small_m_rows > 4)
+    throw std::invalid_argument("gpu: small_m_rows must be 0..4, got " + std::to_string(o.small_m_rows));
   if (o.batch_invariant) gemm->pin_rows(std::max(o.slots, 1));  // decode's M <= slots; prefill's chunks are larger
-  else gemm->set_small_m_rows(o.small_m_rows);                    // throws outside 0..4
+  else gemm->set_small_m_rows(o.small_m_rows);
 
   // The plan, before allocating, so a plan that cannot fit fails with its numbers.
   plan.weights = bytes();
@@ -127,7 +127,7 @@ void GpuModel::Impl::init_common() {
                  "; projections " + (gemm->small_m_rows() > 0
                                          ? "small-M kernel up to " + std::to_string(gemm->small_m_rows()) +
                                                " rows, cuBLASLt above"
-                                         : std::string("cuBLASLt"));
+                                         : std::string(o.batch_invariant ? "cuBLASLt (pinned)" : "cuBLASLt"));
   const int mu = max_units(S);  // max_units grows with the batch: S's covers every batch size
   const size_t dec_ws = size_t(paged_decode_workspace_floats(mu, Hq / Hkv, hd)) * 4;
   const size_t step_heads = size_t(c.n_layers) * S * Hkv;
