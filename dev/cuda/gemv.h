@@ -5,8 +5,9 @@
 // SwiGLU launches in the GPU model's decode step; measured inside the model on an H100 (docs/PERFORMANCE.md, decode
 // parts) it was faster for o_proj (0.52 vs 0.56 ms a step) and the logits, slower for the MLP (2.76 vs 2.50 + the
 // norm), and 5% slower over the whole step (4.80 vs 4.57 ms at 8K), so the model stays on cuBLASLt. Kept, with its
-// tests (tests/gpu/test_gemv_cuda.cpp, passing), for the next attempt: its single-load tail passes and the wave of
-// per-block prologues are the suspects.
+// tests (tests/gpu/test_gemv_cuda.cpp, passing). The next attempt, without the suspects (the single-load tail passes and
+// the wave of per-block prologues), is the engine's src/cuda/gemv_small_m.cu, which measured faster than cuBLASLt at
+// 1-2 rows (docs/PERFORMANCE.md); the fused norms here are not in it.
 //
 // The input row can be made inside the kernel, which removes a launch and a round trip per use:
 //   norm_w set:  x' = bf16(norm_w * (x * rsqrt(mean(x^2) + eps)))   (rmsnorm_bf16's formula and rounding)
