@@ -21,36 +21,11 @@ trap 'exit 143' TERM INT
 SHAPE=${SHAPE:-qwen3-4b}; PROMPT=${PROMPT:-32000}; MAXTOK=${MAXTOK:-2048}; CTX=${CTX:-$((PROMPT + MAXTOK))}
 SLOTS=${SLOTS:-128}; POOL_MIB=${POOL_MIB:-112640}; CLIENTS=${CLIENTS:-100}; WINDOW=${WINDOW:-60}
 ROUTINGS=${ROUTINGS:-"full hybrid router"}
-[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry
-export LD_LIBRARY_PATH=$PWD/.gpucarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-E=.gpucarry/elastic
-read -r L H V < <(python3 - "$SHAPE" <<'PY'
-import sys
-shapes = {"qwen3-0.6b": (28, 8, 151936), "qwen3-4b": (36, 8, 151936), "qwen3-8b": (36, 8, 151936),
-          "llama-3.1-8b": (32, 8, 128256)}
-print(*shapes[sys.argv[1]])
-PY
-)
-# The same routing files as gpu_serve_load.sh (seed 7), and the same untrained router.
-python3 - "$L" "$H" "$W" <<'PY'
-import json, random, sys
-L, H, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-rng = random.Random(7)
-heads = [(l, h) for l in range(L) for h in range(H)]
-for name, share in (("hybrid", 0.7), ("ssa", 1.0)):
-    sparse = set(rng.sample(heads, round(share * len(heads))))
-    layers = [["ssa" if (l, h) in sparse else "full" for h in range(H)] for l in range(L)]
-    json.dump({"block_size": 128, "sink": 128, "local": 2048, "layers": layers}, open("%s/%s.json" % (out, name), "w"))
-PY
-$E route init --shape "$SHAPE" --seed 7 --dense-bias "${ROUTER_BIAS:--0.1}" --block 128 -o "$W/router.safetensors" || exit 1
+. scripts/gpu_serve_common.sh
 : > "$O/capacity.jsonl"
 port=18800
 for R in $ROUTINGS; do
-  case $R in
-    full) RFLAG="";;
-    router) RFLAG="--router $W/router.safetensors";;
-    *) RFLAG="--routing $W/$R.json";;
-  esac
+  RFLAG=$(routing_flags "$R")
   port=$((port + 1))
   $E serve --device cuda --shape "$SHAPE" -c "$CTX" --parallel "$SLOTS" --kv-budget-mib "$POOL_MIB" --port $port \
     --max-queue 1024 -q $RFLAG > "$W/capacity_$R.log" 2>&1 &

@@ -24,36 +24,11 @@ longest=$(for x in $PROMPTS; do echo "$x"; done | sort -n | tail -1)
 CTX=${CTX:-$((longest + MAXTOK))}
 PARALLEL=${PARALLEL:-"1 16"}; CONC=${CONC:-"1 4 16 64"}; ROUTINGS=${ROUTINGS:-"full hybrid ssa"}
 SECS=${SECONDS_PER_RUN:-60}
-[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry
-export LD_LIBRARY_PATH=$PWD/.gpucarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-E=.gpucarry/elastic
-$E route init --shape "$SHAPE" --seed 7 --dense-bias "${ROUTER_BIAS:--0.1}" --block 128 -o "$W/router.safetensors" || exit 1
-# The shape's layers and KV heads, for the hybrid routing file.
-read -r L H V < <(python3 - "$SHAPE" <<'PY'
-import sys
-shapes = {"qwen3-0.6b": (28, 8, 151936), "qwen3-4b": (36, 8, 151936), "qwen3-8b": (36, 8, 151936),
-          "llama-3.1-8b": (32, 8, 128256)}
-print(*shapes[sys.argv[1]])
-PY
-)
-python3 - "$L" "$H" "$W" <<'PY'
-import json, random, sys
-L, H, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-rng = random.Random(7)
-heads = [(l, h) for l in range(L) for h in range(H)]
-for name, share in (("hybrid", 0.7), ("ssa", 1.0)):
-    sparse = set(rng.sample(heads, round(share * len(heads))))
-    layers = [["ssa" if (l, h) in sparse else "full" for h in range(H)] for l in range(L)]
-    json.dump({"block_size": 128, "sink": 128, "local": 2048, "layers": layers}, open("%s/%s.json" % (out, name), "w"))
-PY
+. scripts/gpu_serve_common.sh
 [ -n "${APPEND:-}" ] || : > "$O/serve_load.jsonl"  # APPEND=1: add to an earlier invocation's rows
 port=18700
 for R in $ROUTINGS; do
-  case $R in
-    full) RFLAG="";;
-    router) RFLAG="--router $W/router.safetensors";;
-    *) RFLAG="--routing $W/$R.json";;
-  esac
+  RFLAG=$(routing_flags "$R")
   for P in $PARALLEL; do
     port=$((port + 1))
     POOL=${POOL_MIB:+--kv-budget-mib $POOL_MIB}

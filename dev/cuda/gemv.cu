@@ -14,6 +14,7 @@
 #include <string>
 
 #include "elastic/cuda.h"
+#include "cuda/bf16_dot.cuh"
 #include "gemv.h"
 
 namespace elastic::cuda {
@@ -23,25 +24,14 @@ constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kUnroll = 4;  // 16-byte chunks of W in flight per lane
 constexpr size_t kMaxSmem = 160u << 10;  // the rebuilt inputs x' (m * k bf16) gemv_bf16 accepts
 
-__device__ __forceinline__ float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 __device__ __forceinline__ float bf2f(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 __device__ __forceinline__ uint16_t f2bf(float f) {
   const __nv_bfloat16 h = __float2bfloat16(f);
   return *reinterpret_cast<const uint16_t*>(&h);
 }
 
-__device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
-  float s = bf_lo(w.x) * bf_lo(x.x);
-  s = fmaf(bf_hi(w.x), bf_hi(x.x), s);
-  s = fmaf(bf_lo(w.y), bf_lo(x.y), s);
-  s = fmaf(bf_hi(w.y), bf_hi(x.y), s);
-  s = fmaf(bf_lo(w.z), bf_lo(x.z), s);
-  s = fmaf(bf_hi(w.z), bf_hi(x.z), s);
-  s = fmaf(bf_lo(w.w), bf_lo(x.w), s);
-  s = fmaf(bf_hi(w.w), bf_hi(x.w), s);
-  return s;
-}
+// The chunk's dot product from zero (its first term a plain product), added to the row's sum by the caller.
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x) { return dot8_bf16(w, x, 0.f); }
 
 // Sum over the block in rmsnorm_bf16's order (see the file comment). Every thread gets the total.
 __device__ float block_sum(float v, float* scratch) {

@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 
 #include "elastic/cuda.h"
+#include "bf16_dot.cuh"
 #include "gemv_small_m.cuh"
 
 namespace elastic::cuda {
@@ -9,21 +10,6 @@ namespace {
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kInFlight = 8;  // 16-byte chunks of W a lane loads before using any
-
-__device__ __forceinline__ float lo(uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
-
-__device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float s) {
-  s = fmaf(lo(w.x), lo(x.x), s);
-  s = fmaf(hi(w.x), hi(x.x), s);
-  s = fmaf(lo(w.y), lo(x.y), s);
-  s = fmaf(hi(w.y), hi(x.y), s);
-  s = fmaf(lo(w.z), lo(x.z), s);
-  s = fmaf(hi(w.z), hi(x.z), s);
-  s = fmaf(lo(w.w), lo(x.w), s);
-  s = fmaf(hi(w.w), hi(x.w), s);
-  return s;
-}
 
 // W is read once per step: bypass L1, and ask L2 to fetch the whole 256-byte sector group (the next lanes' chunks).
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
@@ -56,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __res
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u)
 #pragma unroll
-      for (int r = 0; r < M; ++r) acc[r] = dot8(wv[u], __ldg(x + size_t(r) * K8 + i + u * 32), acc[r]);
+      for (int r = 0; r < M; ++r) acc[r] = dot8_bf16(wv[u], __ldg(x + size_t(r) * K8 + i + u * 32), acc[r]);
   }
   {  // the row's tail: every remaining chunk of this lane loaded before any is used
     uint4 wv[kInFlight - 1];
@@ -67,7 +53,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __res
     for (int u = 0; u < kInFlight - 1; ++u)
       if (i + u * 32 < K8)
 #pragma unroll
-        for (int r = 0; r < M; ++r) acc[r] = dot8(wv[u], __ldg(x + size_t(r) * K8 + i + u * 32), acc[r]);
+        for (int r = 0; r < M; ++r) acc[r] = dot8_bf16(wv[u], __ldg(x + size_t(r) * K8 + i + u * 32), acc[r]);
   }
 #pragma unroll
   for (int r = 0; r < M; ++r)
