@@ -14,10 +14,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
-W=$(mktemp -d)  # routing files, the router and scratch: not results, so not under $OUT
-# A server left running (the script cut by a timeout) would keep its GPU memory from the next one.
-trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT
-trap 'exit 143' TERM INT
 SHAPE=${SHAPE:-qwen3-4b}; PROMPT=${PROMPT:-32000}; MAXTOK=${MAXTOK:-2048}; CTX=${CTX:-$((PROMPT + MAXTOK))}
 SLOTS=${SLOTS:-128}; POOL_MIB=${POOL_MIB:-112640}; CLIENTS=${CLIENTS:-100}; WINDOW=${WINDOW:-60}
 ROUTINGS=${ROUTINGS:-"full hybrid router"}

@@ -1,11 +1,15 @@
-# Sourced by scripts/gpu_serve_load.sh and scripts/gpu_serve_capacity.sh (GPU machine), with SHAPE and W (a scratch
-# folder) set: unpacks .gpucarry's libraries, sets E (the binary) and L, H, V (the shape's layers, KV heads and
+# Sourced by scripts/gpu_serve_load.sh and scripts/gpu_serve_capacity.sh (GPU machine), with SHAPE set: makes W (a
+# scratch folder for what is not a result, so not under $OUT), kills the caller's servers when it exits, unpacks .gpucarry's libraries, sets E (the binary) and L, H, V (the shape's layers, KV heads and
 # vocabulary, read from the router file's fingerprint, so the named shapes have one home: model_shapes.cpp), and
 # writes into $W what the routings name:
 #   router.safetensors  an untrained router (elastic route init --shape SHAPE, seed 7, dense bias ROUTER_BIAS, -0.1)
 #   hybrid.json         70% of the KV heads streaming, drawn with seed 7; ssa.json: every head streaming
 # (sink 128 + window 2048, block 128). routing_flags NAME prints the serve flags of a routing: full, router, hybrid,
 # ssa.
+W=$(mktemp -d)
+# A server left running (the script cut by a timeout) would keep its GPU memory from the next one.
+trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT
+trap 'exit 143' TERM INT
 [ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry
 export LD_LIBRARY_PATH=$PWD/.gpucarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 E=.gpucarry/elastic

@@ -15,10 +15,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp}
-W=$(mktemp -d)  # routing files, the router and scratch: not results, so not under $OUT
-# A server left running (the script cut by a timeout) would keep its GPU memory from the next one.
-trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT
-trap 'exit 143' TERM INT
 SHAPE=${SHAPE:-qwen3-4b}; PROMPTS=${PROMPTS:-${PROMPT:-"4000 8000 32000"}}; MAXTOK=${MAXTOK:-64}
 longest=$(for x in $PROMPTS; do echo "$x"; done | sort -n | tail -1)
 CTX=${CTX:-$((longest + MAXTOK))}
