@@ -581,6 +581,11 @@ int main(int argc, char** argv) {
       // The same forward on random lists at set densities: per (head, query block), block 0 and the diagonal, and each
       // block between with the probability that makes the expected kept share the density (uniform over heads; real
       // heads spread around it, docs/PERFORMANCE.md).
+      // Then the same densities with lists that match the kernel's walk: the two query heads of a pair share one list
+      // and blocks are kept two at a time (128-key steps), so no step loads keys that neither head keeps. The gap
+      // between the two rows is what per-head lists cost the paired 128-key walk (tile_walk.h's PairIter, which walks
+      // the union of the pair's lists and masks the halves one head lacks).
+      for (const bool matched : {false, true})
       for (const double dens : xa_densities) {
         std::vector<int32_t> rc(size_t(Hq) * nb), ro(rc.size()), rb(cap);
         std::mt19937_64 lr(7);
@@ -588,11 +593,21 @@ int main(int argc, char** argv) {
           for (int qb = 0; qb < nb; ++qb) {
             const size_t r = size_t(h) * nb + qb;
             ro[r] = static_cast<int32_t>(int64_t(h) * nb * (nb + 1) / 2 + int64_t(qb) * (qb + 1) / 2);
+            if (matched && (h & 1)) {  // the pair's first head's list
+              const size_t r0 = r - nb;
+              std::copy_n(rb.begin() + ro[r0], rc[r0], rb.begin() + ro[r]);
+              rc[r] = rc[r0];
+              continue;
+            }
             const double keep_mid = qb > 1 ? std::clamp((dens * (qb + 1) - 2) / (qb - 1), 0.0, 1.0) : 0.0;
             std::bernoulli_distribution coin(keep_mid);
             int c = 0;
-            for (int kb = 0; kb <= qb; ++kb)
-              if (kb == 0 || kb == qb || coin(lr)) rb[ro[r] + c++] = kb;
+            bool keep_group = false;
+            for (int kb = 0; kb <= qb; ++kb) {
+              if (!matched || kb % 2 == 0) keep_group = coin(lr);  // matched: one draw per 128-key group
+              const bool forced = kb == 0 || kb == qb || (matched && (kb / 2 == 0 || kb / 2 == qb / 2));
+              if (forced || keep_group) rb[ro[r] + c++] = kb;
+            }
             rc[r] = c;
           }
         ELASTIC_CUDA_CHECK(cudaMemcpy(cnt, rc.data(), rc.size() * 4, cudaMemcpyHostToDevice));
@@ -602,7 +617,8 @@ int main(int argc, char** argv) {
         double pd = 0;
         for (int h = 0; h < Hq; ++h) pd += pairs_head(mx, T, B, &rc, &rb, &ro, h, nb);
         char name[96];
-        std::snprintf(name, sizeof name, "xattn forward, random lists at density %.2f", dens);
+        std::snprintf(name, sizeof name, "xattn forward, random lists at density %.2f%s", dens,
+                      matched ? ", shared by head pairs, 128-key groups" : "");
         row(name, 1.0, td, pd);
       }
       ELASTIC_CUDA_CHECK(cudaFree(blocks));
