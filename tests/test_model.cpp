@@ -211,7 +211,13 @@ TEST_P(Fixture, PerLayerBlockCountsGiveXAttnDensity) {
     EXPECT_GT(d.kept[i], 0.0) << i;
     EXPECT_LE(d.kept[i], 1.0) << i;
   }
+  // The paired walk computes at least the tiles the selections keep (two per step for each head, a step covering at
+  // most two of a head's tiles), and the report says how many more.
+  EXPECT_GT(counted.xattn_kept_tiles, 0.0);
+  EXPECT_GE(counted.xattn_paired_tiles, counted.xattn_kept_tiles);
+  EXPECT_DOUBLE_EQ(d.paired_walk_cost, counted.xattn_paired_tiles / counted.xattn_kept_tiles);
   const std::string md = head_density_markdown(d);
+  EXPECT_NE(md.find("tiles per tile these selections keep"), std::string::npos) << md;
   EXPECT_NE(md.find(std::to_string(L * H - 2) + " heads select blocks"), std::string::npos) << md;
   EXPECT_NE(md.find("| 0 | "), std::string::npos);
   EXPECT_NE(md.find("| " + std::to_string(L - 1) + " | "), std::string::npos);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda/tile_walk.h"
+#include "elastic/attention.h"
 
 namespace walk = elastic::cuda::walk;
 
@@ -139,4 +140,33 @@ TEST(TileWalk, AdjacentPairingLeavesNoMaskedHalfInAStreamingWindow) {
   }
   EXPECT_EQ(masked_adjacent, 0);
   EXPECT_GT(masked_even, 0);
+}
+
+// paired_walk_steps (the XAttention cost figure bench --density prints, attention.h) counts the steps the kernel's
+// adjacent PairIter takes over two query heads' XAttn lists: hand cases, then random lists of 64-key blocks.
+TEST(TileWalk, PairedWalkStepsCountsTheKernelsSteps) {
+  using elastic::paired_walk_steps;
+  EXPECT_EQ(paired_walk_steps({}, {}), 0);
+  EXPECT_EQ(paired_walk_steps({0, 1, 2, 3}, {0, 1, 2, 3}), 2);  // shared, whole pairs
+  EXPECT_EQ(paired_walk_steps({0, 2, 4}, {}), 3);               // every step half masked
+  EXPECT_EQ(paired_walk_steps({0, 2}, {1, 3}), 2);              // disjoint heads, one union of whole pairs
+  EXPECT_EQ(paired_walk_steps({1, 2}, {}), 1);                  // adjacent pairing: any parity
+  EXPECT_EQ(paired_walk_steps({0, 1, 5}, {2}), 3);
+  std::mt19937 rng(11);
+  const int nb = 40, Hq = 2;
+  const Lists l = random_lists(Hq, nb, rng);
+  for (int qb = 0; qb < nb; ++qb) {
+    std::vector<int> a, b;
+    for (int h = 0; h < Hq; ++h)
+      for (int i = 0; i < l.counts[size_t(h) * nb + qb]; ++i)
+        (h ? b : a).push_back(l.blocks[l.offsets[size_t(h) * nb + qb] + i]);
+    auto list = [&](int h) {
+      return walk::tile_list(elastic::kv_mode::kXAttn, 0, 0, l.blocks.data(), l.offsets.data(), l.counts.data(), h, qb,
+                             nb * 64, 64);
+    };
+    walk::PairIter it{walk::UnionIter{list(0), list(1)}, true};
+    int steps = 0, first = 0, m4 = 0;
+    while (it.next(first, m4)) ++steps;
+    EXPECT_EQ(paired_walk_steps(a, b), steps) << "query block " << qb;
+  }
 }

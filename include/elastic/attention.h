@@ -58,12 +58,22 @@ struct AttentionStats {
   // What XAttention keeps on real prompts, per (layer, head): `bench --density`.
   bool per_layer = false;
   std::vector<double> layer_blocks_skipped, layer_blocks_causal;
+  // Heads with a block selection (XAttention), in 64-key tiles: the tiles their selections keep, and the tiles the
+  // GPU's paired kernel computes for them (paired_walk_steps over each pair of adjacent query heads of a KV head,
+  // two tiles a step for each head of the pair). Their ratio is the paired walk's cost per kept tile.
+  double xattn_kept_tiles = 0, xattn_paired_tiles = 0;
   double flops_ratio() const { return pairs_full > 0 ? pairs_done / pairs_full : 1.0; }
   double esr() const;  // Omega_ESR: mean over heads of skipped / causal key blocks
   // Adds one layer's run (its own stats, with blocks tracked) into these: pairs and time always, the layer's block
   // counts into layer_blocks_* when per_layer, and into blocks_* when it is the last layer (the ESR's layer).
   void add_layer(int layer, int n_layers, const AttentionStats& one);
 };
+
+// Steps of the GPU wgmma kernel's walk for two query heads run together (src/cuda/tile_walk.h, PairIter with
+// adjacent pairing): over the ascending union of the heads' 64-key tile lists, a step takes a tile and the next
+// tile when that one comes next in the union, else the tile alone (its other half loaded and masked). Each step
+// computes two tiles for each head, whichever of them the head keeps. a and b ascending, without repeats.
+int paired_walk_steps(const std::vector<int>& a, const std::vector<int>& b);
 
 // The prefill of T tokens under a routing without running it: attention pairs done vs full and the last layer's
 // skipped blocks, as attention_forward would count them. Exact for full and streaming heads; XAttention heads

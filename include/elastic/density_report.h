@@ -2,6 +2,7 @@
 // What a block-sparse pattern with an estimator (XAttention) keeps on a real prompt, per (layer, KV head): the share
 // of causal key blocks its selection computed. Random Q/K make XAttention keep ~89% of blocks; real attention is more
 // peaked, so the speed XAttention can reach depends on this figure (`elastic bench --density`, CPU reference).
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,9 @@ namespace elastic {
 struct HeadDensity {
   int n_layers = 0, n_kv_heads = 0;
   std::vector<double> kept;  // [L * Hkv]: kept / causal blocks for heads whose pattern selects; NaN for the others
+  // Tiles the GPU's paired walk computes per tile the selections keep (AttentionStats::xattn_paired_tiles /
+  // xattn_kept_tiles); NaN without selections. 1 when paired heads keep the same 128-key groups.
+  double paired_walk_cost = NAN;
   int heads() const;         // how many heads have a figure
   double mean() const;       // over the heads that have one (NaN when none)
 };

@@ -34,6 +34,7 @@ HeadDensity selected_head_density(const AttentionStats& st, const RoutingTable& 
   for (size_t i = 0; i < n; ++i)
     if (sparse_pattern(r.mode[i]).select && st.layer_blocks_causal[i] > 0)
       d.kept[i] = 1.0 - st.layer_blocks_skipped[i] / st.layer_blocks_causal[i];
+  if (st.xattn_kept_tiles > 0) d.paired_walk_cost = st.xattn_paired_tiles / st.xattn_kept_tiles;
   return d;
 }
 
@@ -50,6 +51,13 @@ std::string head_density_markdown(const HeadDensity& d) {
                 "%.3f.\n\n",
                 d.heads(), d.mean(), v.front(), q(0.1), q(0.5), q(0.9), v.back());
   std::string o = buf;
+  if (std::isfinite(d.paired_walk_cost)) {
+    std::snprintf(buf, sizeof buf,
+                  "The GPU kernel's paired walk (two query heads of a KV head together, adjacent 64-key tiles over "
+                  "the union of their selections) would compute %.2f tiles per tile these selections keep.\n\n",
+                  d.paired_walk_cost);
+    o += buf;
+  }
   o += "| layer | mean |";
   for (int h = 0; h < d.n_kv_heads; ++h) o += " head " + std::to_string(h) + " |";
   o += "\n|---:|---:|";
