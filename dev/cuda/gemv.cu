@@ -111,14 +111,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvParams p) {
         for (int r = 0; r < M; ++r) acc[r] = fmaf(wv, bf2f(xs[size_t(r) * K + i]), acc[r]);
       }
     }
-#pragma unroll
-    for (int r = 0; r < M; ++r)
-      for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    float v = warp_row_total<M>(acc, lane);
     if (lane < M) {
-      float v = acc[0];
-#pragma unroll
-      for (int r = 1; r < M; ++r)
-        if (lane == r) v = acc[r];
       const size_t at = size_t(lane) * N + n;
       if constexpr (F32) {
         static_cast<float*>(p.y)[at] = v;

@@ -60,7 +60,8 @@ struct AttentionStats {
   std::vector<double> layer_blocks_skipped, layer_blocks_causal;
   // Heads with a block selection (XAttention), in 64-key tiles: the tiles their selections keep, and the tiles the
   // GPU's paired kernel computes for them (paired_walk_steps over each pair of adjacent query heads of a KV head,
-  // two tiles a step for each head of the pair). Their ratio is the paired walk's cost per kept tile.
+  // two tiles a step for each head of the pair). Their ratio is the paired walk's cost per kept tile. Counted where
+  // block skips are (AttentionArgs::track_esr: the last layer, or every layer with per_layer).
   double xattn_kept_tiles = 0, xattn_paired_tiles = 0;
   double flops_ratio() const { return pairs_full > 0 ? pairs_done / pairs_full : 1.0; }
   double esr() const;  // Omega_ESR: mean over heads of skipped / causal key blocks

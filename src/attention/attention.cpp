@@ -214,26 +214,26 @@ void attention_forward(const AttentionArgs& a) {
   if (!a.stats) return;
   AttentionStats& st = *a.stats;
   st.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  // Selecting heads: what the GPU's paired walk would compute for the selections made here (64-key tiles; the query
-  // heads of a KV head paired in order, an odd group's last head alone).
-  const int R = B / 64;
-  for (int kvh = 0; kvh < a.n_kv_heads; ++kvh) {
-    if (xmask[kvh * group].n_blocks == 0) continue;
-    for (int qb = a.pos0 / B; qb <= (n_pos - 1) / B; ++qb)
-      for (int h = kvh * group; h < (kvh + 1) * group; h += 2) {
-        const int n_pair = std::min(2, (kvh + 1) * group - h);
-        std::vector<int> tiles[2];
-        for (int i = 0; i < n_pair; ++i)
-          for (int kb = 0; kb <= qb; ++kb)
-            if (keeps(h + i, qb, kb))
-              for (int r = 0; r < R; ++r) tiles[i].push_back(kb * R + r);
-        st.xattn_kept_tiles += static_cast<double>(tiles[0].size() + tiles[1].size());
-        st.xattn_paired_tiles += 2.0 * n_pair * paired_walk_steps(tiles[0], tiles[1]);
-      }
-  }
   st.pairs_done += done;
   for (int t = 0; t < a.T; ++t) st.pairs_full += static_cast<double>(a.pos0 + t + 1) * a.n_heads;
   if (a.track_esr) {
+    // Selecting heads: what the GPU's paired walk would compute for the selections made here (64-key tiles; the query
+    // heads of a KV head paired in order, an odd group's last head alone).
+    const int R = B / 64;
+    for (int kvh = 0; kvh < a.n_kv_heads; ++kvh) {
+      if (xmask[kvh * group].n_blocks == 0) continue;
+      for (int qb = a.pos0 / B; qb <= (n_pos - 1) / B; ++qb)
+        for (int h = kvh * group; h < (kvh + 1) * group; h += 2) {
+          const int n_pair = std::min(2, (kvh + 1) * group - h);
+          std::vector<int> tiles[2];
+          for (int i = 0; i < n_pair; ++i)
+            for (int kb = 0; kb <= qb; ++kb)
+              if (keeps(h + i, qb, kb))
+                for (int r = 0; r < R; ++r) tiles[i].push_back(kb * R + r);
+          st.xattn_kept_tiles += static_cast<double>(tiles[0].size() + tiles[1].size());
+          st.xattn_paired_tiles += 2.0 * n_pair * paired_walk_steps(tiles[0], tiles[1]);
+        }
+    }
     // Per KV head: causal (query block, key block) pairs of the query blocks this call touched, and the skipped ones.
     if (static_cast<int>(st.blocks_causal.size()) != a.n_kv_heads) {
       st.blocks_skipped.assign(a.n_kv_heads, 0);

@@ -1,7 +1,8 @@
 #pragma once
 // bf16 pairs packed in 32-bit words (element 2i in the low half, 2i + 1 in the high half, as bf16 arrays load), and
-// the 8-element dot product of two 16-byte chunks with fp32 fmas in element order. Shared by the engine's small-M
-// kernel (gemv_small_m.cu) and the dev area's GEMV.
+// the 8-element dot product of two 16-byte chunks with fp32 fmas in element order; then a warp's per-lane partial sums
+// of up to M output rows reduced to their totals. Shared by the engine's small-M kernel (gemv_small_m.cu) and the dev
+// area's GEMV.
 #include <cstdint>
 
 namespace elastic::cuda {
@@ -20,6 +21,21 @@ __device__ __forceinline__ float dot8_bf16(const uint4& w, const uint4& x, float
   s = fmaf(bf16_lo(w.w), bf16_lo(x.w), s);
   s = fmaf(bf16_hi(w.w), bf16_hi(x.w), s);
   return s;
+}
+
+// Sums each of the M per-lane partials over the warp (xor butterfly over offsets 16..1: every lane ends with the same
+// bits) and returns row `lane`'s total, for lanes 0..M-1 to write (other lanes get row 0's).
+template <int M>
+__device__ __forceinline__ float warp_row_total(float (&acc)[M], int lane) {
+#pragma unroll
+  for (int r = 0; r < M; ++r)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  float v = acc[0];
+#pragma unroll
+  for (int r = 1; r < M; ++r)
+    if (lane == r) v = acc[r];
+  return v;
 }
 
 }  // namespace elastic::cuda

@@ -55,15 +55,8 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __res
 #pragma unroll
         for (int r = 0; r < M; ++r) acc[r] = dot8_bf16(wv[u], __ldg(x + size_t(r) * K8 + i + u * 32), acc[r]);
   }
-#pragma unroll
-  for (int r = 0; r < M; ++r)
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  float v = warp_row_total<M>(acc, lane);
   if (lane >= M) return;
-  float v = acc[0];
-#pragma unroll
-  for (int r = 1; r < M; ++r)
-    if (lane == r) v = acc[r];
   const size_t at = size_t(lane) * N + n;
   if constexpr (F32) {
     static_cast<float*>(Y)[at] = v;

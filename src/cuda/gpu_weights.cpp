@@ -94,12 +94,10 @@ void GpuModel::Impl::init_common() {
   const size_t ctx = o.max_ctx;
   ELASTIC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   gemm = std::make_unique<Gemm>();
-  // Batch invariance pins one cuBLASLt algorithm for every batch size: the small-M kernel's rows would not match it
-  // past its rows, so it stays off there (the plan says which runs).
-  if (o.small_m_rows < 0 || o.small_m_rows > 4)
-    throw std::invalid_argument("gpu: small_m_rows must be 0..4, got " + std::to_string(o.small_m_rows));
+  gemm->set_small_m_rows(o.small_m_rows);  // throws outside 0..kSmallMMaxRows
+  // Batch invariance pins one cuBLASLt algorithm for every batch size, which the Gemm then runs for every M (the
+  // small-M kernel's rows would not match it past its rows); the plan says which runs.
   if (o.batch_invariant) gemm->pin_rows(std::max(o.slots, 1));  // decode's M <= slots; prefill's chunks are larger
-  else gemm->set_small_m_rows(o.small_m_rows);
 
   // The plan, before allocating, so a plan that cannot fit fails with its numbers.
   plan.weights = bytes();
@@ -124,10 +122,11 @@ void GpuModel::Impl::init_common() {
                  (o.batch_invariant ? ", batch-invariant (GEMM algorithms pinned to " + std::to_string(o.slots) +
                                           " rows, units cut per sequence)"
                                     : "") +
-                 "; projections " + (gemm->small_m_rows() > 0
+                 "; projections " + (gemm->pinned_rows() > 0 ? std::string("cuBLASLt (pinned)")
+                                     : gemm->small_m_rows() > 0
                                          ? "small-M kernel up to " + std::to_string(gemm->small_m_rows()) +
                                                " rows, cuBLASLt above"
-                                         : std::string(o.batch_invariant ? "cuBLASLt (pinned)" : "cuBLASLt"));
+                                         : std::string("cuBLASLt"));
   const int mu = max_units(S);  // max_units grows with the batch: S's covers every batch size
   const size_t dec_ws = size_t(paged_decode_workspace_floats(mu, Hq / Hkv, hd)) * 4;
   const size_t step_heads = size_t(c.n_layers) * S * Hkv;
