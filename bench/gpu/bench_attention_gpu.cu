@@ -414,6 +414,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(42);
   Timer timer;
   std::vector<std::string> paired;  // rows of the paired SA-cost table, printed after the main one
+  Gemm est_gemm;  // the XAttention estimator's cuBLASLt scores
   for (const int T : lengths) {
     const size_t nq = size_t(T) * Hq * hd, nk = size_t(T) * Hkv * hd;
     uint16_t *q, *k, *v, *out;
@@ -565,7 +566,15 @@ int main(int argc, char** argv) {
         es.kernel = XAttnEstimateKernel::Simple;
         row("xattn estimate (GPU, fp32 CUDA cores)", 1.0, timer.median_ms([&] { xattn_estimate_cuda(es, nullptr); }, reps), 0.0);
       }
+      XAttnEstimateParams em = e;  // the mma.sync kernel (Auto without a Gemm), for comparison
+      const double t_mma = timer.median_ms([&] { xattn_estimate_cuda(em, nullptr); }, reps);
+      // The engine's estimator: scores through cuBLASLt (what GpuModel runs; every KV head scored here).
+      void* scratch = nullptr;
+      e.scratch_bytes = xattn_gemm_scratch_bytes(T, T, Hkv, Hq / Hkv, hd, 16);
+      ELASTIC_CUDA_CHECK(cudaMalloc(&scratch, e.scratch_bytes));
+      e.gemm = &est_gemm, e.scratch = scratch, e.kernel = XAttnEstimateKernel::Gemm;
       const double t_est = timer.median_ms([&] { xattn_estimate_cuda(e, nullptr); }, reps);
+      ELASTIC_CUDA_CHECK(cudaFree(scratch));
       auto p = base(d);
       p.xattn = {blocks, off, cnt};
       const double t = timer.median_ms([&] { hybrid_attention_fwd_any(p, nullptr); }, reps);
@@ -576,7 +585,8 @@ int main(int argc, char** argv) {
       double pr = 0;
       for (int h = 0; h < Hq; ++h) pr += pairs_head(mx, T, B, &hc, &hb, &ho, h, nb);
       row("xattn (forward only)", 1.0, t, pr);
-      row("xattn estimate (GPU, tensor cores)", 1.0, t_est, 0.0);
+      row("xattn estimate (GPU, mma.sync tiles)", 1.0, t_mma, 0.0);
+      row("xattn estimate (GPU, cuBLASLt scores)", 1.0, t_est, 0.0);
       row("xattn estimate + forward", 1.0, t_est + t, pr);
       // The same forward on random lists at set densities: per (head, query block), block 0 and the diagonal, and each
       // block between with the probability that makes the expected kept share the density (uniform over heads; real

@@ -109,11 +109,17 @@ KVHeadMeta make_kv_head_meta(HeadMode mode, int sink, int local, int block);
 // qb*(qb+1)/2 (so `blocks` needs Hq*nb*(nb+1)/2 ints), counts for qb >= pos0/block (earlier rows get count 0).
 // Only query heads whose KV head mode is XAttn are estimated (others get count 0). Optionally returns the block
 // scores (probability mass per block, [Hq, nb, nb] fp32, rows < pos0/block untouched) for testing.
-// Auto: the tensor-core kernel where (Hq / Hkv) * block / stride <= 16 (in one pass where its per-(row, block) sums
-// fit shared memory, about 128K-160K tokens at block 64; beyond, in two passes that score twice but keep only
-// O(heads x blocks) floats), else the fp32 CUDA-core kernel. TensorCore forces the tensor-core kernel (one pass where
-// it fits, else two), TensorCoreTwoPass its two-pass form, Simple the fp32 one; each throws where it does not fit.
-enum class XAttnEstimateKernel { Auto, TensorCore, Simple, TensorCoreTwoPass };
+// Kernels. Gemm (Auto's choice whenever `gemm` and a large enough `scratch` are given): the folded query and key rows
+// of the routed KV heads are packed into scratch, scored by cuBLASLt as one strided-batched product per 256 folded
+// query rows (fp32 out; only the key rows those rows can see), then one kernel per row group does the softmax, the
+// block masses and the selection; at about 1/S of QK^T's work this is the estimator's tensor-core rate (see
+// xattn_estimate_gemm.cu). Otherwise Auto takes the mma.sync kernel where (Hq / Hkv) * block / stride <= 16 (in one
+// pass where its per-(row, block) sums fit shared memory, about 128K-160K tokens at block 64; beyond, in two passes
+// that score twice but keep only O(heads x blocks) floats), else the fp32 CUDA-core kernel. TensorCore forces the
+// mma.sync kernel (one pass where it fits, else two), TensorCoreTwoPass its two-pass form, Simple the fp32 one, Gemm
+// the cuBLASLt form; each throws where it does not fit.
+enum class XAttnEstimateKernel { Auto, TensorCore, Simple, TensorCoreTwoPass, Gemm };
+class Gemm;
 struct XAttnEstimateParams {
   const uint16_t* q = nullptr;  // [T, Hq, hd] bf16
   const uint16_t* k = nullptr;  // [pos0 + T, Hkv, hd] bf16
@@ -126,8 +132,19 @@ struct XAttnEstimateParams {
   int32_t* counts = nullptr;         // [Hq * nb]
   float* block_scores = nullptr;     // optional [Hq, nb, nb]
   XAttnEstimateKernel kernel = XAttnEstimateKernel::Auto;
+  // The Gemm form: the product's handle, a device scratch of at least xattn_gemm_scratch_bytes(...) bytes, and the
+  // KV heads routed to XAttention as a host array (null: every KV head; heads listed but not routed to XAttention in
+  // `meta` are scored but get no lists). Listing only the routed heads is what keeps the work to them.
+  Gemm* gemm = nullptr;
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+  const int* xa_kv_heads = nullptr;
+  int n_xa_kv_heads = 0;
 };
 void xattn_estimate_cuda(const XAttnEstimateParams& p, cudaStream_t stream);
+// Scratch the Gemm form needs for a chunk of T queries ending at n_pos positions (the longest chunk and context a
+// caller runs bound every call), with n_kv_heads KV heads scored (at most all), for this GQA shape and stride.
+size_t xattn_gemm_scratch_bytes(int T, int n_pos, int n_kv_heads, int n_heads_per_kv, int head_dim, int stride);
 inline int64_t xattn_list_capacity(int n_heads, int nb) { return int64_t(n_heads) * nb * (nb + 1) / 2; }
 
 }  // namespace elastic::cuda

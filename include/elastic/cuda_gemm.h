@@ -25,6 +25,11 @@ class Gemm {
             const uint16_t* bias = nullptr, float beta = 0.f);
   void bf16_out_f32(const uint16_t* X, const uint16_t* W, float* Y, int M, int N, int K, cudaStream_t stream);
 
+  // batch independent products at element strides: Y[b] = X[b] W[b]^T, fp32 out, b < batch (X + b * stride_x, ...).
+  // Never the small-M kernel. XAttention's estimator scores every routed KV head in one call.
+  void bf16_out_f32_batched(const uint16_t* X, const uint16_t* W, float* Y, int M, int N, int K, int batch,
+                            int64_t stride_x, int64_t stride_w, int64_t stride_y, cudaStream_t stream);
+
   // The activation gradient of a projection: dX[M, K] (+)= dY[M, N] W[N, K] (W the same [out, in] buffer as the
   // forward), fp32 out; beta = 1 adds into dX (branches summing into one gradient).
   void bf16_dx_f32(const uint16_t* dY, const uint16_t* W, float* dX, int M, int N, int K, cudaStream_t stream,

@@ -52,8 +52,16 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// M, N, K, out type, has bias, beta != 0, alignments of W, X, Y, bias, W not transposed (the backward's "NN").
-using Key = std::tuple<int, int, int, int, int, int, uint32_t, uint32_t, uint32_t, uint32_t, int>;
+// Strided batches (Gemm::bf16_out_f32_batched): count 1 is the plain product; strides in elements.
+struct Batch {
+  int count = 1;
+  int64_t sx = 0, sw = 0, sy = 0;
+};
+
+// M, N, K, out type, has bias, beta != 0, alignments of W, X, Y, bias, W not transposed (the backward's "NN"), then
+// the batch count and its three strides.
+using Key = std::tuple<int, int, int, int, int, int, uint32_t, uint32_t, uint32_t, uint32_t, int, int, int64_t, int64_t,
+                       int64_t>;
 
 }  // namespace
 
@@ -83,7 +91,7 @@ struct Gemm::Impl {
 
   // nn = false: Y[M, N] = X[M, K] W[N, K]^T.  nn = true: Y[M, N] = X[M, K] W[K, N] (W row-major [K, N]).
   void run(const void* X, const void* W, void* Y, int M, int N, int K, cudaDataType_t out_type, const void* bias,
-           float beta, size_t ws_bytes, cudaStream_t stream, bool nn = false) {
+           float beta, size_t ws_bytes, cudaStream_t stream, bool nn = false, Batch batch = {}) {
     const Key key{M,
                   N,
                   K,
@@ -94,10 +102,14 @@ struct Gemm::Impl {
                   alignment_of(X),
                   alignment_of(Y),
                   alignment_of(bias),
-                  nn ? 1 : 0};
+                  nn ? 1 : 0,
+                  batch.count,
+                  batch.sx,
+                  batch.sw,
+                  batch.sy};
     auto it = plans.find(key);
     if (it == plans.end()) {
-      Plan p = make_plan(M, N, K, out_type, bias, X, W, Y, ws_bytes, nn);
+      Plan p = make_plan(M, N, K, out_type, bias, X, W, Y, ws_bytes, nn, batch);
       if (pinned > 0 && M < pinned) {
         // The algorithm of the same call with `pinned` rows (planned, and cached, under its own key).
         Key at = key;
@@ -105,7 +117,7 @@ struct Gemm::Impl {
         auto pit = plans.find(at);
         if (pit == plans.end()) {
           try {
-            pit = plans.emplace(at, make_plan(pinned, N, K, out_type, bias, X, W, Y, ws_bytes, nn)).first;
+            pit = plans.emplace(at, make_plan(pinned, N, K, out_type, bias, X, W, Y, ws_bytes, nn, batch)).first;
           } catch (...) {
             destroy(p);
             throw;
@@ -134,7 +146,7 @@ struct Gemm::Impl {
   }
 
   Plan make_plan(int M, int N, int K, cudaDataType_t out_type, const void* bias, const void* X, const void* W,
-                 const void* Y, size_t ws_bytes, bool nn) {
+                 const void* Y, size_t ws_bytes, bool nn, Batch batch) {
     Plan p;
     try {
       ELASTIC_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -159,6 +171,18 @@ struct Gemm::Impl {
         ELASTIC_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, K, N, K));  // W^T buffer, op T
       ELASTIC_LT_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, K, M, K));  // X^T buffer, op N
       ELASTIC_LT_CHECK(cublasLtMatrixLayoutCreate(&p.cd, out_type, N, M, N));    // Y^T buffer
+      if (batch.count > 1) {  // the same layouts, batch.count times at the given strides
+        const struct {
+          cublasLtMatrixLayout_t l;
+          int64_t stride;
+        } ls[] = {{p.a, batch.sw}, {p.b, batch.sx}, {p.cd, batch.sy}};
+        for (const auto& x : ls) {
+          ELASTIC_LT_CHECK(cublasLtMatrixLayoutSetAttribute(x.l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch.count,
+                                                            sizeof(batch.count)));
+          ELASTIC_LT_CHECK(cublasLtMatrixLayoutSetAttribute(x.l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                            &x.stride, sizeof(x.stride)));
+        }
+      }
 
       cublasLtMatmulPreference_t pref = nullptr;
       ELASTIC_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -243,6 +267,16 @@ void Gemm::bf16_out_f32(const uint16_t* X, const uint16_t* W, float* Y, int M, i
   check_shape("bf16_out_f32", X, W, Y, M, N, K);
   if (impl_->use_small_m(X, W, M, K)) return small_m_gemv(X, W, Y, true, M, N, K, nullptr, 0.f, stream);
   impl_->run(X, W, Y, M, N, K, CUDA_R_32F, nullptr, 0.f, ws_bytes_, stream);
+}
+
+void Gemm::bf16_out_f32_batched(const uint16_t* X, const uint16_t* W, float* Y, int M, int N, int K, int batch,
+                                int64_t stride_x, int64_t stride_w, int64_t stride_y, cudaStream_t stream) {
+  check_shape("bf16_out_f32_batched", X, W, Y, M, N, K);
+  if (batch <= 0 || stride_x < 0 || stride_w < 0 || stride_y < int64_t(M) * N)
+    throw std::invalid_argument("Gemm::bf16_out_f32_batched: batch must be > 0, strides >= 0 and Y's stride >= M * N "
+                                "(batch " + std::to_string(batch) + ", Y stride " + std::to_string(stride_y) + ")");
+  impl_->run(X, W, Y, M, N, K, CUDA_R_32F, nullptr, 0.f, ws_bytes_, stream, false,
+             Batch{batch, stride_x, stride_w, stride_y});
 }
 
 void Gemm::bf16_dx_f32(const uint16_t* dY, const uint16_t* W, float* dX, int M, int N, int K, cudaStream_t stream,

@@ -234,11 +234,12 @@ bool GpuModel::Impl::prefill_advance() {  // GpuModel::prefill_step checked that
       run.router->decide(l, pooled.data(), modes);
     }
     std::vector<KVHeadMeta> meta_h(Hkv);
-    bool has_xattn = false;
+    run.xa_kv_heads.clear();
     for (int h = 0; h < Hkv; ++h) {
       meta_h[h] = meta_for(modes[h], sp);
-      has_xattn |= modes[h] == HeadMode::XAttn;
+      if (modes[h] == HeadMode::XAttn) run.xa_kv_heads.push_back(h);
     }
+    const bool has_xattn = !run.xa_kv_heads.empty();
     // Pageable source: the copy is staged before this returns, so meta_h may die.
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(meta_l, meta_h.data(), Hkv * sizeof(KVHeadMeta), cudaMemcpyHostToDevice, st));
     run.lists = XAttnBlockLists{};
@@ -256,6 +257,9 @@ bool GpuModel::Impl::prefill_advance() {  // GpuModel::prefill_step checked that
       run.lists.blocks = xa_blocks.as<int32_t>();
       run.lists.offsets = xa_offsets.as<int32_t>();
       run.lists.counts = xa_counts.as<int32_t>();
+      // The estimator's scratch for its longest call (the last chunk of a max_ctx prompt), every KV head scored.
+      const size_t scratch = xattn_gemm_scratch_bytes(chunk, o.max_ctx, Hkv, Hq / Hkv, hd, sp.xattn.stride);
+      if (xa_scratch.bytes < scratch) xa_scratch.alloc(scratch);
     }
   }
 
@@ -286,6 +290,11 @@ bool GpuModel::Impl::prefill_advance() {  // GpuModel::prefill_step checked that
     ep.blocks = xa_blocks.as<int32_t>();
     ep.offsets = xa_offsets.as<int32_t>();
     ep.counts = xa_counts.as<int32_t>();
+    ep.gemm = gemm.get();
+    ep.scratch = xa_scratch.ptr;
+    ep.scratch_bytes = xa_scratch.bytes;
+    ep.xa_kv_heads = run.xa_kv_heads.data();
+    ep.n_xa_kv_heads = static_cast<int>(run.xa_kv_heads.size());
     xattn_estimate_cuda(ep, st);
   }
   HybridAttnParams ap;

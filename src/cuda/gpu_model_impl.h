@@ -36,6 +36,7 @@ struct GpuModel::Impl : GpuWeights {  // c, layers, embed, lm_head, final_norm, 
   DeviceBuffer meta;       // [L, Hkv] KVHeadMeta
   DeviceBuffer xa_blocks, xa_offsets, xa_counts;  // XAttention lists, allocated on first use
   int xa_block = 0;        // block size the lists were sized for
+  DeviceBuffer xa_scratch; // the estimator's cuBLASLt scratch (xattn_gemm_scratch_bytes), allocated on first use
   static constexpr int kLogitRows = 256;
   DeviceBuffer logits;     // [kLogitRows, V] fp32
 
@@ -72,6 +73,7 @@ struct GpuModel::Impl : GpuWeights {  // c, layers, embed, lm_head, final_norm, 
     const PromptRouter* router = nullptr;
     std::vector<int> pool_pos;  // the router's boundary rows (empty without a router)
     XAttnBlockLists lists;      // layer l's XAttention lists (set at its first chunk; null when it has no XA head)
+    std::vector<int> xa_kv_heads;  // layer l's KV heads routed to XAttention (what the estimator scores)
     std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events;  // around each chunk's attention
     std::chrono::steady_clock::time_point start;
   } run;

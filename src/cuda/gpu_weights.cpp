@@ -66,7 +66,7 @@ std::string GpuPlan::describe() const {
   std::ostringstream s;
   s << "gpu plan: weights " << gib(weights) << " | kv page pool (" << slots << (slots == 1 ? " slot) " : " slots) ")
     << gib(kv_pool) << " | prefill k/v "
-    << gib(prefill_kv) << " | activations " << gib(activations) << " | xattn lists " << gib(xattn)
+    << gib(prefill_kv) << " | activations " << gib(activations) << " | xattn lists + scratch " << gib(xattn)
     << " | workspace " << gib(workspace) << " | total " << gib(total());
   if (!kernels.empty()) s << "\nkernels: " << kernels;
   return s.str();
@@ -139,7 +139,9 @@ void GpuModel::Impl::init_common() {
   const size_t decode_act = bf16s(size_t(S) * (D * 2 + N + 2 * Hq * hd + 2 * Hkv * hd + 3 * F));
   plan.activations = ctx * 4 + bf16s(ctx * D) + chunk_act + size_t(kLogitRows) * V * 4 + decode_act;
   const int nb64 = (o.max_ctx + 63) / 64;
-  plan.xattn = (size_t(xattn_list_capacity(Hq, nb64)) + 2 * size_t(Hq) * nb64) * 4;
+  // Lists at block 64, and the estimator's scratch at the default stride 16 (gpu_model.cpp sizes it for the stride run).
+  plan.xattn = (size_t(xattn_list_capacity(Hq, nb64)) + 2 * size_t(Hq) * nb64) * 4 +
+               xattn_gemm_scratch_bytes(chunk, o.max_ctx, Hkv, Hq / Hkv, hd, 16);
   plan.workspace = gemm->workspace_bytes() + dec_ws + tables;
   size_t free_b = 0, total_b = 0;
   ELASTIC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));

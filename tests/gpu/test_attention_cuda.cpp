@@ -18,6 +18,7 @@
 #include "elastic/attention.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
+#include "elastic/cuda_gemm.h"
 #include "attention_variants.h"  // dev/cuda: the prefill kernel's measurement variants
 #include "contiguous_decode.h"  // dev/cuda: the contiguous-cache decode
 #include "gpu_test_util.h"
@@ -417,14 +418,18 @@ TEST(CudaXAttnEstimate, MatchesCpuSelection) {
   // Both kernels; shapes with G * B/S = 8 and 16 reshaped rows per KV head (the tensor-core kernel's one row tile)
   // and 32 (two row tiles: Qwen3-4B's 4 query heads per KV head at block 128, and 8 at block 64).
   struct XCase { int Hq, Hkv, B; };
-  // The tensor-core kernel also in its two-pass form (forced here; Auto takes it past ~128K tokens).
+  // The tensor-core kernel also in its two-pass form (forced here; Auto takes it past ~128K tokens), and the cuBLASLt
+  // form (Auto's where a Gemm and scratch are given), scoring the listed XAttention head alone at pos0 0 and every KV
+  // head (the Full one scored, given no lists) at pos0 256.
+  cuda::Gemm gemm;
   for (const auto kernel : {cuda::XAttnEstimateKernel::Simple, cuda::XAttnEstimateKernel::TensorCore,
-                            cuda::XAttnEstimateKernel::TensorCoreTwoPass})
+                            cuda::XAttnEstimateKernel::TensorCoreTwoPass, cuda::XAttnEstimateKernel::Gemm})
   for (const XCase xc : {XCase{4, 2, 64}, XCase{8, 2, 64}, XCase{4, 2, 128}, XCase{8, 2, 128}, XCase{16, 2, 64}})
   for (const int hd : {64, 128})
     for (const int pos0 : {0, 256}) {
       SCOPED_TRACE(std::string(kernel == cuda::XAttnEstimateKernel::Simple       ? "simple"
                                : kernel == cuda::XAttnEstimateKernel::TensorCore ? "tensor-core"
+                               : kernel == cuda::XAttnEstimateKernel::Gemm       ? "cuBLASLt"
                                                                                  : "tensor-core two-pass") +
                    " Hq " +
                    std::to_string(xc.Hq) + " B " + std::to_string(xc.B));
@@ -442,6 +447,15 @@ TEST(CudaXAttnEstimate, MatchesCpuSelection) {
       e.block = B, e.stride = 16, e.tau = 0.9f, e.meta = dmeta.p;
       e.blocks = dblocks.p, e.offsets = doff.p, e.counts = dcnt.p, e.block_scores = dbs.p;
       e.kernel = kernel;
+      const int xa_heads[] = {0};
+      std::unique_ptr<Dev<uint8_t>> scratch;
+      if (kernel == cuda::XAttnEstimateKernel::Gemm) {
+        const int scored = pos0 == 0 ? 1 : Hkv;
+        e.scratch_bytes = cuda::xattn_gemm_scratch_bytes(T, n_pos, scored, G, hd, 16);
+        scratch = std::make_unique<Dev<uint8_t>>(e.scratch_bytes);
+        e.gemm = &gemm, e.scratch = scratch->p;
+        if (pos0 == 0) e.xa_kv_heads = xa_heads, e.n_xa_kv_heads = 1;
+      }
       cuda::xattn_estimate_cuda(e, nullptr);
       ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
       const auto blocks = dblocks.down(), off = doff.down(), cnt = dcnt.down();

@@ -1,0 +1,255 @@
+// XAttention block estimation with the scores through cuBLASLt (XAttnEstimateKernel::Gemm), the pipeline of
+// elastic::xattn_select (src/attention/xattn_select.cpp) for the KV heads routed to XAttention.
+//
+// Why a product: with stride S the antidiagonal scores of a chunk are one matrix product per KV head,
+//   score(i, j) = Qf[i] . Kf[j] * scale,  Qf[i] = concat_s q[i*S + S-1-s],  Kf[j] = concat_s k[j*S + s]   (S*hd long),
+// about 1/S of the chunk's QK^T work. The mma.sync kernels in xattn_estimate.cu score it from a 16-32-row query tile
+// per CTA that rereads the whole key prefix (measured at 0.67-1.5x of a full attention layer on an H100); cuBLASLt
+// runs the product at its tensor-core rate instead, and the softmax and the selection read the scores once.
+//
+// Per call (one prefill chunk: folded query rows [i0, R), i0 = pos0 / S, R = ceil(n_pos / S)):
+//   1. pack: Qf [X][Rc_pad][G][S*hd] (row m = local row * G + query head g of the KV head; position-major, so a run
+//      of query positions is a run of rows) and Kf [X][Rk_pad][S*hd], bf16, zero past the end; X = the scored KV heads;
+//   2. per group of kRowGroup folded query rows: C[x] = Qf[x] rows of the group x Kf[x]^T over the key rows the group
+//      can see (rounded up to kPad), fp32, one strided-batched cuBLASLt call over the X heads;
+//   3. per (query block of the group, KV head): for each of its G query heads, the causal softmax of each folded row,
+//      the block masses (one thread per key block, rows in fixed order), then select_blocks (shared with
+//      xattn_estimate.cu).
+// Shapes are padded to multiples of kPad so that the product's shapes (hence cuBLASLt plans) come from a bounded set.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "elastic/cuda.h"
+#include "elastic/cuda_attention.h"
+#include "elastic/cuda_gemm.h"
+#include "xattn_estimate_gemm.h"
+#include "xattn_select_blocks.cuh"
+
+namespace elastic::cuda {
+namespace {
+
+using xattn_detail::kThreads;
+using xattn_detail::pow2_at_least;
+using xattn_detail::select_blocks;
+
+constexpr int kRowGroup = 256;  // folded query rows per product (4096 positions at stride 16)
+constexpr int kPad = 256;       // row and column counts of the products are multiples of this
+constexpr int kMaxKvHeads = 64;
+
+struct HeadList {
+  int32_t kv[kMaxKvHeads];    // slot x -> KV head
+  int32_t slot[kMaxKvHeads];  // KV head -> slot x, or -1 when not scored
+};
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+
+// The scratch regions of one call.
+struct Layout {
+  int R = 0, i0 = 0, Rc = 0, Rc_pad = 0, Rk_pad = 0, D = 0, G = 0, X = 0;
+  size_t qf_bytes = 0, kf_bytes = 0, c_bytes = 0;
+  size_t total() const { return qf_bytes + kf_bytes + c_bytes; }
+};
+Layout layout_for(int T, int pos0, int X, int G, int hd, int S) {
+  Layout l;
+  const int n_pos = pos0 + T;
+  l.R = (n_pos + S - 1) / S;
+  l.i0 = pos0 / S;
+  l.Rc = l.R - l.i0;
+  l.Rc_pad = static_cast<int>(round_up(l.Rc, kRowGroup));
+  l.Rk_pad = static_cast<int>(round_up(l.R, kPad));
+  l.D = S * hd;
+  l.G = G;
+  l.X = X;
+  l.qf_bytes = align256(size_t(X) * l.Rc_pad * G * l.D * 2);
+  l.kf_bytes = align256(size_t(X) * l.Rk_pad * l.D * 2);
+  l.c_bytes = align256(size_t(X) * kRowGroup * G * size_t(l.Rk_pad) * 4);
+  return l;
+}
+
+// Step 1, queries: one thread per 16 bytes (8 bf16) of Qf.
+__global__ void pack_queries(const uint16_t* __restrict__ q, uint16_t* __restrict__ qf, int pos0, int n_pos, int Hq,
+                             int G, int hd, int S, int i0, int Rc_pad, int X, HeadList heads) {
+  const int per_row = S * hd / 8;  // 16-byte pieces of one folded row
+  const int64_t n = int64_t(X) * Rc_pad * G * per_row;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
+    const int piece = static_cast<int>(idx % per_row);
+    const int64_t row = idx / per_row;  // (x, il, g)
+    const int g = static_cast<int>(row % G), il = static_cast<int>((row / G) % Rc_pad),
+              x = static_cast<int>(row / (int64_t(G) * Rc_pad));
+    const int s = piece * 8 / hd, d = piece * 8 % hd;
+    const int pos = (i0 + il) * S + (S - 1 - s);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (pos < n_pos)
+      v = *reinterpret_cast<const uint4*>(q + (int64_t(pos - pos0) * Hq + int64_t(heads.kv[x]) * G + g) * hd + d);
+    reinterpret_cast<uint4*>(qf)[idx] = v;
+  }
+}
+
+// Step 1, keys: one thread per 16 bytes of Kf.
+__global__ void pack_keys(const uint16_t* __restrict__ k, uint16_t* __restrict__ kf, int n_pos, int Hkv, int hd,
+                          int S, int Rk_pad, int X, HeadList heads) {
+  const int per_row = S * hd / 8;
+  const int64_t n = int64_t(X) * Rk_pad * per_row;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
+    const int piece = static_cast<int>(idx % per_row);
+    const int64_t row = idx / per_row;
+    const int j = static_cast<int>(row % Rk_pad), x = static_cast<int>(row / Rk_pad);
+    const int s = piece * 8 / hd, d = piece * 8 % hd;
+    const int pos = j * S + s;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (pos < n_pos) v = *reinterpret_cast<const uint4*>(k + (int64_t(pos) * Hkv + heads.kv[x]) * hd + d);
+    reinterpret_cast<uint4*>(kf)[idx] = v;
+  }
+}
+
+// Step 3 for the query blocks [qb_begin, qb_begin + gridDim.x) of one row group (folded rows from grow0) and KV head
+// blockIdx.y. c: [X][kRowGroup * G][ldc] raw dot products. Shared: bs [nb], keys [pow2 >= nb], flag [nb].
+__global__ void __launch_bounds__(kThreads)
+    select_from_scores(const float* __restrict__ c, int64_t c_stride, int ldc, int grow0, int qb_begin, int R,
+                       int nb, int B, int S, int G, float scale, float tau, const KVHeadMeta* __restrict__ meta,
+                       HeadList heads, int32_t* __restrict__ blocks, int32_t* __restrict__ offsets,
+                       int32_t* __restrict__ counts, float* __restrict__ block_scores) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int qb = qb_begin + blockIdx.x, kvh = blockIdx.y, rb = B / S;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid < G) {
+    const int h = kvh * G + tid;
+    const size_t row_off = static_cast<size_t>(h) * nb + qb;
+    offsets[row_off] = static_cast<int32_t>(static_cast<int64_t>(h) * nb * (nb + 1) / 2 + int64_t(qb) * (qb + 1) / 2);
+  }
+  const int x = heads.slot[kvh];
+  if (meta[kvh].mode != kv_mode::kXAttn || x < 0) return;  // counts stay 0 (cleared before)
+
+  const int N = pow2_at_least(nb);
+  unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem);  // [N]
+  float* bs = reinterpret_cast<float*>(keys + N);                           // [nb]
+  int* flag = reinterpret_cast<int*>(bs + nb);                              // [nb]
+  __shared__ float rmax[16], rinv[16];                                      // rb <= 16 (block / stride)
+  const int n_rows = min(rb, R - qb * rb);
+  const float* cx = c + x * c_stride;
+
+  for (int g = 0; g < G; ++g) {
+    const int h = kvh * G + g;
+    const size_t row_off = static_cast<size_t>(h) * nb + qb;
+    // Causal softmax statistics of each folded row (a warp per row): row i sees key rows [0, i].
+    for (int r = warp; r < n_rows; r += kThreads / 32) {
+      const int i = qb * rb + r;
+      const float* row = cx + (int64_t(i - grow0) * G + g) * ldc;
+      float mx = -INFINITY;
+      for (int j = lane; j <= i; j += 32) mx = fmaxf(mx, row[j] * scale);
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      float sum = 0.f;
+      for (int j = lane; j <= i; j += 32) sum += expf(row[j] * scale - mx);
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (lane == 0) rmax[r] = mx, rinv[r] = 1.f / sum;
+    }
+    __syncthreads();
+    // Block masses: one thread per key block, rows in order (neighbouring threads read neighbouring columns).
+    for (int kb = tid; kb <= qb; kb += kThreads) {
+      float m = 0.f;
+      for (int r = 0; r < n_rows; ++r) {
+        const int i = qb * rb + r;
+        const float* row = cx + (int64_t(i - grow0) * G + g) * ldc;
+        const int j_end = min((kb + 1) * rb, i + 1);
+        for (int j = kb * rb; j < j_end; ++j) m += expf(row[j] * scale - rmax[r]) * rinv[r];
+      }
+      bs[kb] = m;
+      if (block_scores) block_scores[row_off * nb + kb] = m;
+    }
+    __syncthreads();
+    select_blocks(bs, qb, nb, tau, keys, flag, h, row_off, blocks, counts);
+    __syncthreads();
+  }
+}
+
+size_t select_smem_bytes(int nb) {
+  return sizeof(unsigned long long) * pow2_at_least(nb) + 4 * size_t(nb) * 2;
+}
+
+HeadList head_list(const XAttnEstimateParams& p, int& X) {
+  if (p.n_kv_heads > kMaxKvHeads)
+    throw std::invalid_argument("xattn_estimate_cuda: the Gemm form takes at most " + std::to_string(kMaxKvHeads) +
+                                " KV heads (got " + std::to_string(p.n_kv_heads) + ")");
+  HeadList l;
+  for (int h = 0; h < kMaxKvHeads; ++h) l.kv[h] = 0, l.slot[h] = -1;
+  X = 0;
+  for (int i = 0; i < (p.xa_kv_heads ? p.n_xa_kv_heads : p.n_kv_heads); ++i) {
+    const int h = p.xa_kv_heads ? p.xa_kv_heads[i] : i;
+    if (h < 0 || h >= p.n_kv_heads || l.slot[h] >= 0)
+      throw std::invalid_argument("xattn_estimate_cuda: xa_kv_heads holds an invalid or repeated KV head (" +
+                                  std::to_string(h) + " of " + std::to_string(p.n_kv_heads) + ")");
+    l.slot[h] = X;
+    l.kv[X++] = h;
+  }
+  return l;
+}
+
+}  // namespace
+
+size_t xattn_gemm_scratch_bytes(int T, int n_pos, int n_kv_heads, int n_heads_per_kv, int head_dim, int stride) {
+  if (T <= 0 || n_pos < T || n_kv_heads <= 0 || n_heads_per_kv <= 0 || head_dim <= 0 || stride <= 0) return 0;
+  // The chunk's folded rows are ceil(T / S) wherever it starts (pos0 is a multiple of the block, hence of S); the key
+  // rows grow with n_pos: the last chunk is the largest.
+  const Layout a = layout_for(T, n_pos - T, n_kv_heads, n_heads_per_kv, head_dim, stride);
+  return a.total();
+}
+
+bool xattn_gemm_fits(const XAttnEstimateParams& p) {
+  if (!p.gemm || !p.scratch) return false;
+  int X = 0;
+  head_list(p, X);
+  if (X == 0) return true;
+  return layout_for(p.T, p.pos0, X, p.n_heads / p.n_kv_heads, p.head_dim, p.stride).total() <= p.scratch_bytes;
+}
+
+void xattn_estimate_gemm(const XAttnEstimateParams& p, cudaStream_t stream) {
+  int X = 0;
+  const HeadList heads = head_list(p, X);
+  const int G = p.n_heads / p.n_kv_heads, S = p.stride, hd = p.head_dim, B = p.block, rb = B / S;
+  const int n_pos = p.pos0 + p.T, nb = (n_pos + B - 1) / B, qb0 = p.pos0 / B;
+  if (!p.gemm || !p.scratch) throw std::invalid_argument("xattn_estimate_cuda: the Gemm form needs gemm and scratch");
+  if (hd % 8) throw std::invalid_argument("xattn_estimate_cuda: the Gemm form needs head_dim % 8 == 0");
+  const Layout l = layout_for(p.T, p.pos0, X, G, hd, S);
+  if (X > 0 && l.total() > p.scratch_bytes)
+    throw std::invalid_argument("xattn_estimate_cuda: the Gemm form needs " + std::to_string(l.total()) +
+                                " bytes of scratch for this chunk, got " + std::to_string(p.scratch_bytes));
+  ELASTIC_CUDA_CHECK(cudaMemsetAsync(p.counts, 0, sizeof(int32_t) * p.n_heads * nb, stream));
+
+  auto* base = static_cast<unsigned char*>(p.scratch);
+  auto* qf = reinterpret_cast<uint16_t*>(base);
+  auto* kf = reinterpret_cast<uint16_t*>(base + l.qf_bytes);
+  auto* cs = reinterpret_cast<float*>(base + l.qf_bytes + l.kf_bytes);
+  constexpr int kPackThreads = 256, kPackBlocks = 132 * 8;
+  if (X > 0) {
+    pack_queries<<<kPackBlocks, kPackThreads, 0, stream>>>(p.q, qf, p.pos0, n_pos, p.n_heads, G, hd, S, l.i0,
+                                                             l.Rc_pad, X, heads);
+    ELASTIC_CUDA_CHECK(cudaGetLastError());
+    pack_keys<<<kPackBlocks, kPackThreads, 0, stream>>>(p.k, kf, n_pos, p.n_kv_heads, hd, S, l.Rk_pad, X, heads);
+    ELASTIC_CUDA_CHECK(cudaGetLastError());
+  }
+  const size_t smem = select_smem_bytes(nb);
+  ELASTIC_CUDA_CHECK(
+      cudaFuncSetAttribute(select_from_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd)) / static_cast<float>(S);
+  const int M = kRowGroup * G;
+  for (int r0 = 0; r0 < l.Rc; r0 += kRowGroup) {
+    const int grow0 = l.i0 + r0, rows = std::min(kRowGroup, l.Rc - r0);
+    const int n_cols = static_cast<int>(std::min<int64_t>(l.Rk_pad, round_up(grow0 + kRowGroup, kPad)));
+    if (X > 0)
+      p.gemm->bf16_out_f32_batched(qf + int64_t(r0) * G * l.D, kf, cs, M, n_cols, l.D, X,
+                                   int64_t(l.Rc_pad) * G * l.D, int64_t(l.Rk_pad) * l.D, int64_t(M) * n_cols, stream);
+    // The group's query blocks: its rows start on a block (kRowGroup and i0 are multiples of rb).
+    const int qb_begin = qb0 + r0 / rb, n_qb = (rows + rb - 1) / rb;
+    select_from_scores<<<dim3(n_qb, p.n_kv_heads), kThreads, smem, stream>>>(
+        cs, int64_t(M) * n_cols, n_cols, grow0, qb_begin, l.R, nb, B, S, G, scale, p.tau, p.meta, heads, p.blocks,
+        p.offsets, p.counts, p.block_scores);
+    ELASTIC_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace elastic::cuda
