@@ -355,7 +355,8 @@ void paged_table(const std::vector<int>& lengths, Timer& timer) {
 
 int main(int argc, char** argv) {
   std::vector<int> lengths;
-  bool decode_only = false, kernels_only = false, paired_only = false, paged_only = false, gemm_only = false;
+  bool decode_only = false, kernels_only = false, paired_only = false, paged_only = false, gemm_only = false,
+       estimate_only = false;
   // XAttention forward on random block lists that keep this share of each query block's causal key blocks: the
   // speed at the density real attention gives (bench --density on SmolLM2, 8K: mean 0.17 at block 64; 2K: 0.38),
   // where random Q/K make the estimator keep ~0.89.
@@ -367,6 +368,7 @@ int main(int argc, char** argv) {
     else if (a == "--gemm") gemm_only = true;  // only the decode projections table
     else if (a == "--kernels") kernels_only = true;  // only the all-full / all-streaming rows of each kernel
     else if (a == "--paired") paired_only = true;     // only the paired SA-cost table
+    else if (a == "--xa-estimate") estimate_only = true;  // only the full row and the XAttention estimators, chunked
     else if (a == "--xa-density" && i + 1 < argc) {  // comma list in (0, 1]
       xa_densities.clear();
       std::stringstream ss(argv[++i]);
@@ -381,7 +383,7 @@ int main(int argc, char** argv) {
       }
     }
     else if (a.empty() || a.find_first_not_of("0123456789") != std::string::npos || std::atoi(a.c_str()) <= 0) {
-      std::fprintf(stderr, "bench_attention_gpu: bad argument '%s' (usage: [--decode | --paged | --gemm | --kernels | --paired] "
+      std::fprintf(stderr, "bench_attention_gpu: bad argument '%s' (usage: [--decode | --paged | --gemm | --kernels | --paired | --xa-estimate] "
                            "[--xa-density D,...] [T ...])\n",
                    a.c_str());
       return 2;
@@ -529,6 +531,60 @@ int main(int argc, char** argv) {
     t_full = uniform_ms(mf, AttnKernel::Auto);
     pairs_full = uniform_pairs(mf);
     row("full", 0.0, t_full, pairs_full);
+    if (estimate_only) {  // the estimators as GpuModel calls them: every KV head XAttention, chunks of 16384 queries
+      KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, mx));
+      const int64_t cap = xattn_list_capacity(Hq, nb);
+      const int chunk = 16384;
+      std::vector<std::vector<int32_t>> lists;  // blocks, then counts, per form
+      for (const auto form : {XAttnEstimateKernel::Auto, XAttnEstimateKernel::Gemm}) {
+        int32_t *blocks, *off, *cnt;
+        void* scratch = nullptr;
+        ELASTIC_CUDA_CHECK(cudaMalloc(&blocks, cap * 4));
+        ELASTIC_CUDA_CHECK(cudaMalloc(&off, size_t(Hq) * nb * 4));
+        ELASTIC_CUDA_CHECK(cudaMalloc(&cnt, size_t(Hq) * nb * 4));
+        XAttnEstimateParams e;
+        e.k = k, e.n_heads = Hq, e.n_kv_heads = Hkv, e.head_dim = hd, e.block = B, e.stride = 16, e.tau = 0.9f;
+        e.meta = d, e.blocks = blocks, e.offsets = off, e.counts = cnt, e.kernel = form;
+        if (form == XAttnEstimateKernel::Gemm) {
+          e.scratch_bytes = xattn_gemm_scratch_bytes(std::min(chunk, T), T, Hkv, Hq / Hkv, hd, 16);
+          ELASTIC_CUDA_CHECK(cudaMalloc(&scratch, e.scratch_bytes));
+          e.gemm = &est_gemm, e.scratch = scratch;
+        }
+        auto all_chunks = [&] {
+          for (int t0 = 0; t0 < T; t0 += chunk) {
+            XAttnEstimateParams c = e;
+            c.q = q + size_t(t0) * Hq * hd, c.T = std::min(chunk, T - t0), c.pos0 = t0;
+            xattn_estimate_cuda(c, nullptr);
+          }
+        };
+        const double t = timer.median_ms(all_chunks, reps);
+        row(form == XAttnEstimateKernel::Gemm ? "xattn estimate, chunks of 16384 (GPU, cuBLASLt scores)"
+                                              : "xattn estimate, chunks of 16384 (GPU, mma.sync tiles)",
+            1.0, t, 0.0);
+        std::vector<int32_t> hb(cap), hc(size_t(Hq) * nb);
+        ELASTIC_CUDA_CHECK(cudaMemcpy(hb.data(), blocks, hb.size() * 4, cudaMemcpyDeviceToHost));
+        ELASTIC_CUDA_CHECK(cudaMemcpy(hc.data(), cnt, hc.size() * 4, cudaMemcpyDeviceToHost));
+        lists.push_back(std::move(hb));
+        lists.push_back(std::move(hc));
+        for (void* b : {static_cast<void*>(blocks), static_cast<void*>(off), static_cast<void*>(cnt), scratch})
+          if (b) ELASTIC_CUDA_CHECK(cudaFree(b));
+      }
+      // Where the two forms' selections differ (summation order only: the same bf16 products, fp32 sums).
+      int64_t differ = 0, kept = 0;
+      for (int h = 0; h < Hq; ++h)
+        for (int qb = 0; qb < nb; ++qb) {
+          const size_t r = size_t(h) * nb + qb, o = size_t(h) * nb * (nb + 1) / 2 + size_t(qb) * (qb + 1) / 2;
+          std::vector<uint8_t> a(qb + 1, 0), b(qb + 1, 0);
+          for (int i = 0; i < lists[1][r]; ++i) a[lists[0][o + i]] = 1;
+          for (int i = 0; i < lists[3][r]; ++i) b[lists[2][o + i]] = 1;
+          for (int kb = 0; kb <= qb; ++kb) differ += a[kb] != b[kb], kept += a[kb];
+        }
+      std::printf("| %d | (the two estimators' block selections differ in %lld of %lld kept blocks) | | | | | | | |\n", T,
+                  static_cast<long long>(differ), static_cast<long long>(kept));
+      ELASTIC_CUDA_CHECK(cudaFree(d));
+      free_io();
+      continue;
+    }
     const double pairs_ssa = uniform_pairs(ms);
     // The other kernels on the same input, for comparison (the persistent one also on all-streaming layers).
     // Each variant's all-streaming row is costed against the same variant's all-full time (last column).
@@ -675,6 +731,7 @@ int main(int argc, char** argv) {
     }
     free_io();
   }
+  if (estimate_only) return 0;
   std::printf("\nSA cost, paired: all-full and all-streaming layers timed in alternation, per round (t_ssa / t_full) /"
               " share (target < 1.15)\n\n| T | kernel | rounds | full ms (median) | ssa ms (median) | pair share |"
               " cost / pair share: median | min | max | block share | cost / block share: median |\n"

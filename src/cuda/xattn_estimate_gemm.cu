@@ -108,7 +108,10 @@ __global__ void pack_keys(const uint16_t* __restrict__ k, uint16_t* __restrict__
 }
 
 // Step 3 for the query blocks [qb_begin, qb_begin + gridDim.x) of one row group (folded rows from grow0) and KV head
-// blockIdx.y. c: [X][kRowGroup * G][ldc] raw dot products. Shared: bs [nb], keys [pow2 >= nb], flag [nb].
+// blockIdx.y, every query head of the KV head at once (a warp per folded row, a thread per (head, key block)), so the
+// CTA keeps many loads in flight; then the selection head by head. c: [X][kRowGroup * G][ldc] raw dot products (ldc
+// and the rows' starts are multiples of 4 floats). Shared: keys [pow2 >= nb], bs [G][nb], flag [nb], row statistics
+// [G * rb][2].
 __global__ void __launch_bounds__(kThreads)
     select_from_scores(const float* __restrict__ c, int64_t c_stride, int ldc, int grow0, int qb_begin, int R,
                        int nb, int B, int S, int G, float scale, float tau, const KVHeadMeta* __restrict__ meta,
@@ -127,48 +130,67 @@ __global__ void __launch_bounds__(kThreads)
 
   const int N = pow2_at_least(nb);
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem);  // [N]
-  float* bs = reinterpret_cast<float*>(keys + N);                           // [nb]
-  int* flag = reinterpret_cast<int*>(bs + nb);                              // [nb]
-  __shared__ float rmax[16], rinv[16];                                      // rb <= 16 (block / stride)
+  float* bs = reinterpret_cast<float*>(keys + N);                           // [G][nb]
+  int* flag = reinterpret_cast<int*>(bs + G * nb);                          // [nb]
+  float* rstat = reinterpret_cast<float*>(flag + nb);                       // [G * rb][2]: max, 1 / sum
   const int n_rows = min(rb, R - qb * rb);
   const float* cx = c + x * c_stride;
+  auto row_of = [&](int g, int r) { return cx + (int64_t(qb * rb + r - grow0) * G + g) * ldc; };
 
+  // Causal softmax statistics of each (head, folded row): row i sees key rows [0, i].
+  for (int pr = warp; pr < G * n_rows; pr += kThreads / 32) {
+    const int g = pr / n_rows, r = pr % n_rows, n = qb * rb + r + 1;
+    const float* row = row_of(g, r);
+    float mx = -INFINITY;
+    for (int j = lane * 4; j < n; j += 128) {
+      const float4 v = *reinterpret_cast<const float4*>(row + j);
+      mx = fmaxf(mx, fmaxf(fmaxf(v.x, j + 1 < n ? v.y : -INFINITY), fmaxf(j + 2 < n ? v.z : -INFINITY,
+                                                                           j + 3 < n ? v.w : -INFINITY)));
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    mx *= scale;  // scale > 0: the maximum of the scaled scores
+    float sum = 0.f;
+    for (int j = lane * 4; j < n; j += 128) {
+      const float4 v = *reinterpret_cast<const float4*>(row + j);
+      sum += expf(v.x * scale - mx) + (j + 1 < n ? expf(v.y * scale - mx) : 0.f) +
+             (j + 2 < n ? expf(v.z * scale - mx) : 0.f) + (j + 3 < n ? expf(v.w * scale - mx) : 0.f);
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) rstat[2 * (g * rb + r)] = mx, rstat[2 * (g * rb + r) + 1] = 1.f / sum;
+  }
+  __syncthreads();
+  // Block masses of every head: a thread per (head, key block), rows in order.
+  for (int it = tid; it < G * (qb + 1); it += kThreads) {
+    const int g = it / (qb + 1), kb = it % (qb + 1);
+    float m = 0.f;
+    for (int r = 0; r < n_rows; ++r) {
+      const float* row = row_of(g, r);
+      const float mx = rstat[2 * (g * rb + r)], inv = rstat[2 * (g * rb + r) + 1];
+      const int j_end = min((kb + 1) * rb, qb * rb + r + 1);
+      if (rb % 4 == 0) {
+        for (int j = kb * rb; j < j_end; j += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(row + j);
+          m += (expf(v.x * scale - mx) + (j + 1 < j_end ? expf(v.y * scale - mx) : 0.f) +
+                (j + 2 < j_end ? expf(v.z * scale - mx) : 0.f) + (j + 3 < j_end ? expf(v.w * scale - mx) : 0.f)) *
+               inv;
+        }
+      } else {
+        for (int j = kb * rb; j < j_end; ++j) m += expf(row[j] * scale - mx) * inv;
+      }
+    }
+    bs[g * nb + kb] = m;
+    if (block_scores) block_scores[(static_cast<size_t>(kvh * G + g) * nb + qb) * nb + kb] = m;
+  }
+  __syncthreads();
   for (int g = 0; g < G; ++g) {
     const int h = kvh * G + g;
-    const size_t row_off = static_cast<size_t>(h) * nb + qb;
-    // Causal softmax statistics of each folded row (a warp per row): row i sees key rows [0, i].
-    for (int r = warp; r < n_rows; r += kThreads / 32) {
-      const int i = qb * rb + r;
-      const float* row = cx + (int64_t(i - grow0) * G + g) * ldc;
-      float mx = -INFINITY;
-      for (int j = lane; j <= i; j += 32) mx = fmaxf(mx, row[j] * scale);
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      float sum = 0.f;
-      for (int j = lane; j <= i; j += 32) sum += expf(row[j] * scale - mx);
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (lane == 0) rmax[r] = mx, rinv[r] = 1.f / sum;
-    }
-    __syncthreads();
-    // Block masses: one thread per key block, rows in order (neighbouring threads read neighbouring columns).
-    for (int kb = tid; kb <= qb; kb += kThreads) {
-      float m = 0.f;
-      for (int r = 0; r < n_rows; ++r) {
-        const int i = qb * rb + r;
-        const float* row = cx + (int64_t(i - grow0) * G + g) * ldc;
-        const int j_end = min((kb + 1) * rb, i + 1);
-        for (int j = kb * rb; j < j_end; ++j) m += expf(row[j] * scale - rmax[r]) * rinv[r];
-      }
-      bs[kb] = m;
-      if (block_scores) block_scores[row_off * nb + kb] = m;
-    }
-    __syncthreads();
-    select_blocks(bs, qb, nb, tau, keys, flag, h, row_off, blocks, counts);
+    select_blocks(bs + g * nb, qb, nb, tau, keys, flag, h, static_cast<size_t>(h) * nb + qb, blocks, counts);
     __syncthreads();
   }
 }
 
-size_t select_smem_bytes(int nb) {
-  return sizeof(unsigned long long) * pow2_at_least(nb) + 4 * size_t(nb) * 2;
+size_t select_smem_bytes(int nb, int G, int rb) {
+  return sizeof(unsigned long long) * pow2_at_least(nb) + 4 * (size_t(G) * nb + nb) + 8 * size_t(G) * rb;
 }
 
 HeadList head_list(const XAttnEstimateParams& p, int& X) {
@@ -199,8 +221,17 @@ size_t xattn_gemm_scratch_bytes(int T, int n_pos, int n_kv_heads, int n_heads_pe
   return a.total();
 }
 
+// The selection kernel's shared memory against the device's opt-in limit.
+static bool select_smem_fits(const XAttnEstimateParams& p) {
+  int dev = 0, optin = 0;
+  ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
+  ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int nb = (p.pos0 + p.T + p.block - 1) / p.block;
+  return select_smem_bytes(nb, p.n_heads / p.n_kv_heads, p.block / p.stride) + 4096 <= static_cast<size_t>(optin);
+}
+
 bool xattn_gemm_fits(const XAttnEstimateParams& p) {
-  if (!p.gemm || !p.scratch) return false;
+  if (!p.gemm || !p.scratch || p.head_dim % 8 || !select_smem_fits(p)) return false;
   int X = 0;
   head_list(p, X);
   if (X == 0) return true;
@@ -214,6 +245,10 @@ void xattn_estimate_gemm(const XAttnEstimateParams& p, cudaStream_t stream) {
   const int n_pos = p.pos0 + p.T, nb = (n_pos + B - 1) / B, qb0 = p.pos0 / B;
   if (!p.gemm || !p.scratch) throw std::invalid_argument("xattn_estimate_cuda: the Gemm form needs gemm and scratch");
   if (hd % 8) throw std::invalid_argument("xattn_estimate_cuda: the Gemm form needs head_dim % 8 == 0");
+  if (!select_smem_fits(p))
+    throw std::invalid_argument("xattn_estimate_cuda: the Gemm form's selection needs more shared memory than the "
+                                "device allows for " + std::to_string(n_pos) + " positions at block " +
+                                std::to_string(B));
   const Layout l = layout_for(p.T, p.pos0, X, G, hd, S);
   if (X > 0 && l.total() > p.scratch_bytes)
     throw std::invalid_argument("xattn_estimate_cuda: the Gemm form needs " + std::to_string(l.total()) +
@@ -232,7 +267,7 @@ void xattn_estimate_gemm(const XAttnEstimateParams& p, cudaStream_t stream) {
     pack_keys<<<kPackBlocks, kPackThreads, 0, stream>>>(p.k, kf, n_pos, p.n_kv_heads, hd, S, l.Rk_pad, X, heads);
     ELASTIC_CUDA_CHECK(cudaGetLastError());
   }
-  const size_t smem = select_smem_bytes(nb);
+  const size_t smem = select_smem_bytes(nb, G, rb);
   ELASTIC_CUDA_CHECK(
       cudaFuncSetAttribute(select_from_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const float scale = 1.f / std::sqrt(static_cast<float>(hd)) / static_cast<float>(S);

@@ -48,33 +48,42 @@ __device__ inline void select_blocks(const float* bs, int qb, int nb, float tau,
       __syncthreads();
     }
 
-  // Exclusive prefix of sorted masses in double; selected while base + prefix < tau * total.
-  __shared__ double s_part[kThreads];
+  // Exclusive prefix of sorted masses in double; selected while base + prefix < tau * total. Each thread sums its run
+  // of `per` sorted keys, then the runs are scanned across the block (warp shuffles, then the warps' totals by warp
+  // 0), and the total is reduced the same way: fixed assignments and orders, so the result does not vary run to run.
+  __shared__ double s_warp[kThreads / 32], s_warp_total[kThreads / 32];
   __shared__ double s_total;
   const int per = (N + kThreads - 1) / kThreads;
   double local = 0.0;
   for (int i = tid * per; i < min(N, (tid + 1) * per); ++i) local += static_cast<double>(__uint_as_float(keys[i] >> 32));
-  s_part[tid] = local;
+  double tot_part = 0.0;
+  for (int kb = tid; kb <= qb; kb += kThreads) tot_part += static_cast<double>(bs[kb]);
+  double incl = local;  // inclusive scan of `local` within the warp
+  for (int o = 1; o < 32; o <<= 1) {
+    const double v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  for (int o = 16; o > 0; o >>= 1) tot_part += __shfl_xor_sync(0xffffffffu, tot_part, o);
+  if (lane == 31) s_warp[warp] = incl;
+  if (lane == 0) s_warp_total[warp] = tot_part;
+  __syncthreads();
   if (tid == 0) {
-    double tot = 0.0;
-    for (int kb = 0; kb <= qb; ++kb) tot += static_cast<double>(bs[kb]);
+    double run = 0.0, tot = 0.0;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      const double v = s_warp[w];
+      s_warp[w] = run;  // exclusive: what the warps before w hold
+      run += v;
+      tot += s_warp_total[w];
+    }
     s_total = tot;
   }
   __syncthreads();
-  if (tid == 0) {
-    double run = 0.0;
-    for (int i = 0; i < kThreads; ++i) {
-      const double v = s_part[i];
-      s_part[i] = run;
-      run += v;
-    }
-  }
-  __syncthreads();
+  const double excl = s_warp[warp] + incl - local;  // the sorted masses before this thread's run
   for (int kb = tid; kb <= qb; kb += kThreads) flag[kb] = (kb == 0 || kb == qb) ? 1 : 0;
   __syncthreads();
   {
     const double required = s_total * static_cast<double>(tau);
-    double cum = static_cast<double>(bs[0]) + (qb > 0 ? static_cast<double>(bs[qb]) : 0.0) + s_part[tid];
+    double cum = static_cast<double>(bs[0]) + (qb > 0 ? static_cast<double>(bs[qb]) : 0.0) + excl;
     for (int i = tid * per; i < min(n_cand, (tid + 1) * per); ++i) {
       if (!(cum < required)) break;
       const int kb = static_cast<int>(0xffffffffu - static_cast<uint32_t>(keys[i] & 0xffffffffull));

@@ -139,10 +139,11 @@ TEST_P(GpuModelTest, PrefillLogitsMatchCpuFullAndHybrid) {
     EXPECT_LT(rel_err(got, ref), kTol);
     EXPECT_GT(st.attention_ms, 0);
     if (variant > 0) EXPECT_LT(st.kv_bytes, g->plan().kv_pool) << "streaming heads keep a smaller cache";
-    // Last-row logits alone are the same numbers.
+    // Last-row logits alone are the same numbers up to fp32 summation order: that one-row product runs the small-M
+    // kernel (GpuOptions::small_m_rows, 2 by default), the all-rows one cuBLASLt.
     std::vector<float> last;
     g->prefill(ids.data(), int(ids.size()), &r, nullptr, &last, false);
-    EXPECT_EQ(last, std::vector<float>(got.end() - m.config.vocab, got.end()));
+    EXPECT_LT(rel_err(last, std::vector<float>(got.end() - m.config.vocab, got.end())), 1e-5);
   }
 }
 
