@@ -287,7 +287,7 @@ class GpuRouterTrainer {
   DeviceBuffer xn_, qkv_, q_, k_, v_, of_, os_, o_, xmid_, h2_, gu_, act_, lf_, ls_, lr_;
   DeviceBuffer dx_, dxmid_, dh_, da_, dO_, dq_, dk_, dv_, dkpool_, dgu_, dof_, dos_, dqkv_, dbf_, attn_ws_;
   DeviceBuffer logits_, dlogits_, hf_, dhf_, loss_, row_loss_, mix_ws_, pool_sum_, pq_, pk_, pv_, z_dev_, dz_dev_;
-  DeviceBuffer meta_full_, meta_sparse_, meta_routed_, xa_blocks_, xa_offsets_, xa_counts_;
+  DeviceBuffer meta_full_, meta_sparse_, meta_routed_, xa_blocks_, xa_offsets_, xa_counts_, xa_scratch_;
 
   uint16_t* xb(int l) { return xb_.as<uint16_t>() + size_t(l) * max_T_ * m_.c.hidden; }
 
@@ -310,6 +310,11 @@ class GpuRouterTrainer {
       xa_offsets_.alloc(size_t(c.n_heads) * nb * 4);
       xa_counts_.alloc(size_t(c.n_heads) * nb * 4);
       xa_block_ = s.block;
+    }
+    if (has_xattn()) {  // the estimator's cuBLASLt scratch (one call per sequence: T = max_T_ at most, every KV head)
+      const size_t scratch =
+          xattn_gemm_scratch_bytes(max_T_, max_T_, c.n_kv_heads, c.n_heads / c.n_kv_heads, c.head_dim, s.xattn.stride);
+      if (xa_scratch_.bytes < scratch) xa_scratch_.alloc(scratch);
     }
     sparse_set_ = s;
     sparse_mode_ = spec_.sparse_mode;
@@ -428,6 +433,7 @@ class GpuRouterTrainer {
       ep.blocks = xa_blocks_.as<int32_t>();
       ep.offsets = xa_offsets_.as<int32_t>();
       ep.counts = xa_counts_.as<int32_t>();
+      ep.gemm = x_.gemm, ep.scratch = xa_scratch_.ptr, ep.scratch_bytes = xa_scratch_.bytes;  // the model's estimator
       xattn_estimate_cuda(ep, st);
     }
     if (decide && gate_.hard) {
