@@ -141,21 +141,22 @@ __global__ void __launch_bounds__(kThreads)
   for (int pr = warp; pr < G * n_rows; pr += kThreads / 32) {
     const int g = pr / n_rows, r = pr % n_rows, n = qb * rb + r + 1;
     const float* row = row_of(g, r);
-    float mx = -INFINITY;
+    // One read: each lane keeps a running (max, sum) of its scaled scores, then the warp combines them.
+    float mx = -INFINITY, sum = 0.f;
     for (int j = lane * 4; j < n; j += 128) {
       const float4 v = *reinterpret_cast<const float4*>(row + j);
-      mx = fmaxf(mx, fmaxf(fmaxf(v.x, j + 1 < n ? v.y : -INFINITY), fmaxf(j + 2 < n ? v.z : -INFINITY,
-                                                                           j + 3 < n ? v.w : -INFINITY)));
+      const float e[4] = {v.x * scale, j + 1 < n ? v.y * scale : -INFINITY, j + 2 < n ? v.z * scale : -INFINITY,
+                          j + 3 < n ? v.w * scale : -INFINITY};
+      const float m4 = fmaxf(fmaxf(e[0], e[1]), fmaxf(e[2], e[3])), nm = fmaxf(mx, m4);
+      sum = sum * expf(mx - nm) + expf(e[0] - nm) + expf(e[1] - nm) + expf(e[2] - nm) + expf(e[3] - nm);
+      mx = nm;
     }
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    mx *= scale;  // scale > 0: the maximum of the scaled scores
-    float sum = 0.f;
-    for (int j = lane * 4; j < n; j += 128) {
-      const float4 v = *reinterpret_cast<const float4*>(row + j);
-      sum += expf(v.x * scale - mx) + (j + 1 < n ? expf(v.y * scale - mx) : 0.f) +
-             (j + 2 < n ? expf(v.z * scale - mx) : 0.f) + (j + 3 < n ? expf(v.w * scale - mx) : 0.f);
+    for (int o = 16; o > 0; o >>= 1) {
+      const float om = __shfl_xor_sync(0xffffffffu, mx, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
+      const float nm = fmaxf(mx, om);
+      sum = (mx == -INFINITY ? 0.f : sum * expf(mx - nm)) + (om == -INFINITY ? 0.f : os * expf(om - nm));
+      mx = nm;
     }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane == 0) rstat[2 * (g * rb + r)] = mx, rstat[2 * (g * rb + r) + 1] = 1.f / sum;
   }
   __syncthreads();
