@@ -641,6 +641,12 @@ int main(int argc, char** argv) {
       double pr = 0;
       for (int h = 0; h < Hq; ++h) pr += pairs_head(mx, T, B, &hc, &hb, &ho, h, nb);
       row("xattn (forward only)", 1.0, t, pr);
+      {
+        auto pp = p;
+        pp.opts = 8 | 2 | 1;  // XAttention heads pipelined (option bit 8) over the overlap kernel's defaults
+        row("xattn (forward only), pipelined (opts 11)", 1.0,
+            timer.median_ms([&] { hybrid_attention_fwd_any(pp, nullptr); }, reps), pr);
+      }
       row("xattn estimate (GPU, mma.sync tiles)", 1.0, t_mma, 0.0);
       row("xattn estimate (GPU, cuBLASLt scores)", 1.0, t_est, 0.0);
       row("xattn estimate + forward", 1.0, t_est + t, pr);
@@ -701,6 +707,14 @@ int main(int argc, char** argv) {
         std::snprintf(name, sizeof name, "xattn forward, random lists at density %.2f%s (walk: %.2f tiles per kept)", dens,
                       matched ? ", shared by head pairs, 128-key groups" : "", walked_tiles / kept_tiles);
         row(name, 1.0, td, pd);
+        // The same lists with XAttention heads on the pipelined path (option bit 8 over the overlap kernel's defaults
+        // 1 | 2): every step of the pair's union for both heads, masked, with pingpong and overlap.
+        auto pp = p;
+        pp.opts = 8 | 2 | 1;
+        const double tp = timer.median_ms([&] { hybrid_attention_fwd_any(pp, nullptr); }, reps);
+        std::snprintf(name, sizeof name, "xattn forward, random lists at density %.2f%s, pipelined (opts 11)", dens,
+                      matched ? ", shared by head pairs, 128-key groups" : "");
+        row(name, 1.0, tp, pd);
       }
       ELASTIC_CUDA_CHECK(cudaFree(blocks));
       ELASTIC_CUDA_CHECK(cudaFree(off));

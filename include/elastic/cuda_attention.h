@@ -70,7 +70,8 @@ struct HybridAttnParams {
   XAttnBlockLists xattn;
   AttnKernel kernel = AttnKernel::Auto;
   int opts = -1;  // wgmma kernels' option bits (1 adjacent pairs, 2 bulk stores, 4 two static items per persistent
-                  // CTA), 0..7; -1: the kernel's defaults (Wgmma and NoPingpong 0, the overlap and persistent ones 3)
+                  // CTA, 8 XAttention heads on the pipelined path), 0..15; -1: the kernel's defaults (Wgmma and
+                  // NoPingpong 0, the overlap and persistent ones 3)
 };
 
 // One launch for all heads of a layer with an engine kernel (is_engine_kernel). Throws std::invalid_argument on bad
@@ -87,7 +88,7 @@ struct AttnKernelConfig {
 // variants that the dev area launches (dev/cuda/attention_variants.h); hybrid_attention_fwd refuses them by name.
 bool is_engine_kernel(AttnKernel k);
 const char* attention_kernel_name(AttnKernel k);  // "auto", "simple", "wgmma", "overlap", "overlap-nopingpong", ...
-// What ELASTIC_ATTN_KERNEL (auto, simple, overlap) and ELASTIC_ATTN_OPTS (0..7) name, read now: unset means Auto
+// What ELASTIC_ATTN_KERNEL (auto, simple, overlap) and ELASTIC_ATTN_OPTS (0..15) name, read now: unset means Auto
 // and the defaults. Throws std::invalid_argument naming the variable and the accepted values on a bad one.
 AttnKernelConfig attention_config_from_env();
 // An engine kernel by the names above (bench --attn-kernel); throws std::invalid_argument naming the value.

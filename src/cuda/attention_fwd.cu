@@ -74,9 +74,10 @@ AttnKernelConfig attention_config_from_env() {
   if (e && *e) {
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
-    if (*end != '\0' || v < 0 || v > 7)
-      throw std::invalid_argument(std::string("ELASTIC_ATTN_OPTS must be 0..7 (1 adjacent pairs, 2 bulk stores, 4 two "
-                                              "static items per persistent CTA), got '") + e + "'");
+    if (*end != '\0' || v < 0 || v > 15)
+      throw std::invalid_argument(std::string("ELASTIC_ATTN_OPTS must be 0..15 (1 adjacent pairs, 2 bulk stores, 4 two "
+                                              "static items per persistent CTA, 8 XAttention heads pipelined), got '") +
+                                  e + "'");
     c.opts = static_cast<int>(v);
   }
   return c;
@@ -107,12 +108,13 @@ std::string describe_attention(const AttnKernelConfig& c, int n_heads, int n_kv_
                                                     k == AttnKernel::WgmmaOverlapNoPingpong);
   return std::string(name) + " (" + ((opts & kOptAdjacentPairs) ? "adjacent" : "even") + " pairs, " +
          ((opts & kOptBulkStore) && !persistent ? "bulk" : "direct") + " stores" +
-         (persistent && (opts & kOptStaticItems) ? ", up to 2 static items per CTA" : "") + ")";
+         (persistent && (opts & kOptStaticItems) ? ", up to 2 static items per CTA" : "") +
+         ((opts & kOptXAttnPipelined) ? ", XAttention pipelined" : "") + ")";
 }
 
 void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
   HybridAttnParams p = p_in;
-  if (p.opts < -1 || p.opts > 7) bad("opts must be -1 (defaults) or 0..7 (got " + std::to_string(p.opts) + ")");
+  if (p.opts < -1 || p.opts > 15) bad("opts must be -1 (defaults) or 0..15 (got " + std::to_string(p.opts) + ")");
   if (!p.q || !p.k || !p.v || !p.out || !p.meta) bad("null q, k, v, out or meta");
   if (p.T <= 0) bad("T must be > 0 (got " + std::to_string(p.T) + ")");
   if (p.pos0 < 0) bad("pos0 must be >= 0");

@@ -278,6 +278,10 @@ constexpr int kOptBulkStore = 2;      // non-persistent epilogue: O through shar
 // SM) instead of items from the device counter: the item-to-item handover (next Q and K/V loading during the last
 // step and epilogue) without the dynamic scheduler, to tell which of the two costs the persistent kernel its speed.
 constexpr int kOptStaticItems = 4;
+// XAttention heads (with lists) walk the pair's union on the pipelined path that full and streaming heads take (both
+// heads every step, each masking the halves it does not keep; pingpong and overlap apply), instead of the serial path
+// where each head skips the steps it has no tile in.
+constexpr int kOptXAttnPipelined = 8;
 constexpr int kWN = 128;  // keys per wgmma-kernel tile: two 64-key tiles of the sparse lists ("halves")
 
 __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -561,7 +565,7 @@ __global__ void __launch_bounds__(384, 1)
       float corr[2];
       bool q_released = false;
 
-      if (m.mode == kv_mode::kXAttn && xattn.blocks != nullptr) {
+      if (m.mode == kv_mode::kXAttn && xattn.blocks != nullptr && !(opts & kOptXAttnPipelined)) {
         // XAttn: the two heads' lists differ; walk their union, compute own tiles only (no overlap of steps).
         int tile, m4;
         for (int ii = 0; it.next(tile, m4); ++ii, ++n_steps) {

@@ -379,7 +379,7 @@ TEST(CudaHybridAttention, DescribesWhatAConfigurationRuns) {
   expect_env_error("ELASTIC_DECODE_SPLIT", "32", [] { cuda::describe_decode_auto(); });
   expect_env_error("ELASTIC_ATTN_KERNEL", "fastest", [] { cuda::attention_config_from_env(); });
   EnvGuard k("ELASTIC_ATTN_KERNEL", "overlap");
-  expect_env_error("ELASTIC_ATTN_OPTS", "8", [] { cuda::attention_config_from_env(); });
+  expect_env_error("ELASTIC_ATTN_OPTS", "16", [] { cuda::attention_config_from_env(); });
 }
 
 // Option bit 2: the persistent kernel with two static items per CTA, then the default dynamic one on the same case
@@ -389,6 +389,18 @@ TEST(CudaHybridAttention, PersistentStaticItemsThenDynamic) {
   using K = cuda::AttnKernel;
   run_prefill_case_with(c, {K::WgmmaPersistent}, 5);
   run_prefill_case_with(c, {K::WgmmaPersistent});
+}
+
+// Option bit 8: XAttention heads on the pipelined path (both heads of a pair every step of their union, masked),
+// through each wgmma form, on the cases that mix XAttention lists with full and streaming heads.
+TEST(CudaHybridAttention, XAttnHeadsPipelined) {
+  using K = cuda::AttnKernel;
+  for (const Case& c : {Case{700, 0, 16, 4, 128, 64, 64, 128, {F, S, X, S}, 2.f},
+                        Case{600, 128, 8, 4, 128, 128, 100, 300, {X, S, F, X}, 2.f},
+                        Case{1000, 0, 16, 8, 64, 64, 128, 256, {F, S, F, X, S, F, X, F}, 2.f}}) {
+    run_prefill_case_with(c, {K::Wgmma, K::WgmmaNoPingpong}, 8 | 1);
+    run_prefill_case_with(c, {K::WgmmaOverlap, K::WgmmaOverlapNoPingpong, K::WgmmaPersistent}, 8 | 2 | 1);
+  }
 }
 
 // A launch reads no environment: an unknown ELASTIC_ATTN_KERNEL changes nothing there (attention_config_from_env,
@@ -402,10 +414,10 @@ TEST(CudaHybridAttention, LaunchesReadNoEnvironment) {
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()).find("ELASTIC_ATTN_KERNEL"), std::string::npos) << e.what();
   }
-  p.opts = 9;
+  p.opts = 16;
   try {
     cuda::hybrid_attention_fwd(p, nullptr);
-    ADD_FAILURE() << "opts 9 accepted";
+    ADD_FAILURE() << "opts 16 accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("opts"), std::string::npos) << e.what();
   }
