@@ -1,7 +1,8 @@
 // XAttention block selection (Xu et al. 2025, "XAttention: Block Sparse Attention with Antidiagonal Scoring"),
 // CPU reference for one causal head with aligned queries and keys.
 //
-// Pipeline (mirrors xattn_estimate + find_blocks_chunked of the published implementation):
+// Pipeline (mirrors xattn_estimate + find_blocks_chunked of the published implementation; the scores as one sgemm per
+// group of folded query rows, as the GPU's cuBLASLt form does):
 //   1. Reshape with stride S: reshaped key j = concat_s k[j*S + s], reshaped query i = concat_s q[i*S + S-1-s]
 //      (s = 0..S-1), zero-padded past T. Their dot product is the antidiagonal sum
 //      score(i,j) = sum_s q[i*S + S-1-s] . k[j*S + s], scaled by 1/sqrt(hd)/S.
@@ -12,6 +13,7 @@
 #include <cstddef>  // elastic/xattn.h uses size_t without including <cstddef>
 
 #include "elastic/xattn.h"
+#include "model/ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -75,26 +77,27 @@ BlockMask xattn_select(const float* q, const float* k, int T, int hd, const XAtt
 
   const float scale = 1.f / std::sqrt(static_cast<float>(hd)) / static_cast<float>(S);
 
-  // block_score[qb * nb + kb]; each query block row is owned by one thread.
+  // block_score[qb * nb + kb]. The scores are one matrix product, Qr Kr^T (about 1/S of the head's QK^T): sgemm over
+  // a group of folded query rows at a time, against the key rows the group can see (causal), then each query block's
+  // rows (one thread per block) go through the softmax and into their block sums in a fixed order.
   std::vector<float> bs(static_cast<size_t>(nb) * nb, 0.f);
-
-#pragma omp parallel
-  {
-    std::vector<float> row(static_cast<size_t>(R));
-#pragma omp for schedule(dynamic, 1)
-    for (int qb = 0; qb < nb; ++qb) {
+  const int group_rows = std::max(1, 256 / rb) * rb;  // whole query blocks per product
+  std::vector<float> sc(static_cast<size_t>(std::min(group_rows, R)) * R);
+  for (int g0 = 0; g0 < R; g0 += group_rows) {
+    const int rows = std::min(group_rows, R - g0), cols = g0 + rows;  // row i sees key rows [0, i]
+    sgemm(false, true, rows, cols, static_cast<int>(D), 1.f, &Qr[static_cast<size_t>(g0) * D], static_cast<int>(D),
+          Kr.data(), static_cast<int>(D), 0.f, sc.data(), cols);
+    const int qb_first = g0 / rb, qb_end = std::min(nb, (g0 + rows + rb - 1) / rb);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int qb = qb_first; qb < qb_end; ++qb) {
       float* brow = &bs[static_cast<size_t>(qb) * nb];
       const int i_end = std::min(R, (qb + 1) * rb);
       for (int i = qb * rb; i < i_end; ++i) {
-        const float* qi = &Qr[static_cast<size_t>(i) * D];
+        float* row = &sc[static_cast<size_t>(i - g0) * cols];
         float mx = -INFINITY;
-        for (int j = 0; j <= i; ++j) {  // causal on the reshaped grid
-          const float* kj = &Kr[static_cast<size_t>(j) * D];
-          float acc = 0.f;
-          for (size_t d = 0; d < D; ++d) acc += qi[d] * kj[d];
-          acc *= scale;
-          row[j] = acc;
-          mx = std::max(mx, acc);
+        for (int j = 0; j <= i; ++j) {
+          row[j] *= scale;
+          mx = std::max(mx, row[j]);
         }
         float sum = 0.f;
         for (int j = 0; j <= i; ++j) {
