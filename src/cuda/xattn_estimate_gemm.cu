@@ -204,8 +204,8 @@ HeadList head_list(const XAttnEstimateParams& p, int& X) {
   for (int i = 0; i < (p.xa_kv_heads ? p.n_xa_kv_heads : p.n_kv_heads); ++i) {
     const int h = p.xa_kv_heads ? p.xa_kv_heads[i] : i;
     if (h < 0 || h >= p.n_kv_heads || l.slot[h] >= 0)
-      throw std::invalid_argument("xattn_estimate_cuda: xa_kv_heads holds an invalid or repeated KV head (" +
-                                  std::to_string(h) + " of " + std::to_string(p.n_kv_heads) + ")");
+      throw std::invalid_argument("xattn_estimate_cuda: the Gemm form's xa_kv_heads holds an invalid or repeated KV "
+                                  "head (" + std::to_string(h) + " of " + std::to_string(p.n_kv_heads) + ")");
     l.slot[h] = X;
     l.kv[X++] = h;
   }

@@ -20,8 +20,9 @@ __host__ __device__ inline int pow2_at_least(int n) {
 
 // Steps 4-5 for one (query head h, query block qb), all kThreads threads: greedy selection over the block masses
 // bs[0..qb] and the ascending write of the selected blocks. keys: [pow2 >= qb - 1] scratch; flag: [qb + 1] scratch.
-__device__ inline void select_blocks(const float* bs, int qb, int nb, float tau, unsigned long long* keys, int* flag, int h,
-                              size_t row_off, int32_t* __restrict__ blocks, int32_t* __restrict__ counts) {
+__device__ inline void select_blocks(const float* bs, int qb, int nb, float tau, unsigned long long* keys, int* flag,
+                                     int h, size_t row_off, int32_t* __restrict__ blocks,
+                                     int32_t* __restrict__ counts) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Candidates kb in [1, qb): key = mass bits (non-negative floats order as integers) : ~kb (lower kb first).
   const int n_cand = max(0, qb - 1);

@@ -531,6 +531,39 @@ TEST(CudaXAttnEstimate, TensorCoreRejectsTooManyRowsPerKvHead) {
   EXPECT_THROW(cuda::xattn_estimate_cuda(e, nullptr), std::invalid_argument);
 }
 
+// The cuBLASLt form's arguments, refused before anything runs (no GPU needed): no Gemm or scratch, a KV head listed
+// twice or out of range, too little scratch for the chunk.
+TEST(CudaXAttnEstimate, GemmFormRejectsBadArguments) {
+  cuda::XAttnEstimateParams e;
+  uint16_t d = 0;
+  int32_t i = 0;
+  cuda::KVHeadMeta m;
+  e.q = e.k = &d, e.meta = &m, e.blocks = e.offsets = e.counts = &i;
+  e.T = 256, e.n_heads = 8, e.n_kv_heads = 2, e.head_dim = 64, e.block = 64;
+  e.kernel = cuda::XAttnEstimateKernel::Gemm;
+  auto expect_refusal = [&](const char* what) {
+    try {
+      cuda::xattn_estimate_cuda(e, nullptr);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const std::invalid_argument& ex) {
+      EXPECT_NE(std::string(ex.what()).find("Gemm form"), std::string::npos) << ex.what();
+    }
+  };
+  expect_refusal("no gemm or scratch");
+  const int repeated[] = {1, 1}, outside[] = {2};
+  e.xa_kv_heads = repeated, e.n_xa_kv_heads = 2;
+  expect_refusal("a repeated KV head");
+  e.xa_kv_heads = outside, e.n_xa_kv_heads = 1;
+  expect_refusal("a KV head out of range");
+  EXPECT_EQ(cuda::xattn_gemm_scratch_bytes(0, 256, 2, 4, 64, 16), 0u);
+  EXPECT_EQ(cuda::xattn_gemm_scratch_bytes(512, 256, 2, 4, 64, 16), 0u);  // a chunk longer than the sequence
+  EXPECT_GT(cuda::xattn_gemm_scratch_bytes(256, 256, 2, 4, 64, 16), 0u);
+  // Scratch grows with the context and the chunk, not shrinks.
+  auto bytes = [](int T, int n_pos) { return cuda::xattn_gemm_scratch_bytes(T, n_pos, 2, 4, 64, 16); };
+  EXPECT_LT(bytes(256, 4096), bytes(256, 8192));
+  EXPECT_LT(bytes(4096, 8192), bytes(8192, 8192));
+}
+
 TEST(CudaXAttnEstimate, RejectsUnalignedChunk) {
   cuda::XAttnEstimateParams e;
   uint16_t d = 0;

@@ -315,6 +315,41 @@ TEST(CudaGemm, RejectsBadShapes) {
   for (uint16_t v : y.down()) EXPECT_EQ(bf2f(v), 4.f);
 }
 
+// Strided batches (XAttention's estimator: one product per KV head): every batch against its own double reference,
+// batch strides larger than the matrices (gaps left poisoned and checked untouched), and the refusals.
+TEST(CudaGemm, StridedBatchesMatchCpuReference) {
+  if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  SEEDED_RNG(rng);
+  elastic::cuda::Gemm g;
+  for (const Shape s : {Shape{256, 512, 2048}, Shape{37, 75, 64}}) {
+    const int M = s.M, N = s.N, K = s.K, batch = 3;
+    const int64_t sx = int64_t(M) * K + 64, sw = int64_t(N) * K + 128, sy = int64_t(M) * N + 32;
+    const auto X = random_bf16(size_t(sx) * batch, rng, 1.f);
+    const auto W = random_bf16(size_t(sw) * batch, rng, 1.f / std::sqrt(float(K)));
+    DevBuf<uint16_t> dX(X), dW(W);
+    DevBuf<float> dY(size_t(sy) * batch);
+    dY.up(std::vector<float>(dY.n, NAN));
+    g.bf16_out_f32_batched(dX.p, dW.p, dY.p, M, N, K, batch, sx, sw, sy, nullptr);
+    ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto y = dY.down();
+    for (int b = 0; b < batch; ++b) {
+      const std::vector<uint16_t> xb(X.begin() + b * sx, X.begin() + b * sx + int64_t(M) * K),
+          wb(W.begin() + b * sw, W.begin() + b * sw + int64_t(N) * K);
+      const auto ref = reference(xb, wb, M, N, K);
+      size_t bad = 0;
+      const double e = rel_err(ref, [&](size_t i) { return double(y[size_t(b) * sy + i]); }, &bad);
+      EXPECT_EQ(bad, 0u) << "batch " << b << " M " << M << ": non-finite outputs";
+      EXPECT_LT(e, 2e-3) << "batch " << b << " M " << M;
+      for (int64_t i = int64_t(M) * N; i < sy; ++i) EXPECT_TRUE(std::isnan(y[size_t(b * sy + i)])) << "gap written";
+    }
+  }
+  DevBuf<uint16_t> x(16), w(16);
+  DevBuf<float> f(64);
+  EXPECT_THROW(g.bf16_out_f32_batched(x.p, w.p, f.p, 4, 4, 4, 0, 16, 16, 16, nullptr), std::invalid_argument);
+  EXPECT_THROW(g.bf16_out_f32_batched(x.p, w.p, f.p, 4, 4, 4, 2, 16, 16, 15, nullptr), std::invalid_argument);
+  EXPECT_THROW(g.bf16_out_f32_batched(x.p, w.p, f.p, 4, 4, 4, 2, -1, 16, 16, nullptr), std::invalid_argument);
+}
+
 // The activation-gradient form dX[M, K] (+)= dY[M, N] W[N, K] (no transpose of W), fp32 out, beta 0 and 1.
 TEST(CudaGemm, BackwardDxMatchesCpuReference) {
   if (elastic::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
