@@ -322,3 +322,27 @@ TEST(XAttn, BadParamsThrow) {
   EXPECT_THROW(xattn_select(q.data(), k.data(), -1, 64, p), std::invalid_argument);
   EXPECT_THROW(xattn_select(nullptr, k.data(), 128, 64, p), std::invalid_argument);
 }
+
+// q_begin (a chunk's first position): the rows from its block on are the full selection's rows, whatever the queries
+// before it hold; the rows before are left empty; a q_begin off the block grid is refused.
+TEST(XAttn, QueryBeginSelectsTheSameLaterRows) {
+  const uint32_t seed = fresh_seed("QueryBeginSelectsTheSameLaterRows");
+  std::mt19937 rng(seed);
+  const int T = 700, hd = 64;
+  XAttnParams p;
+  p.block = 64;
+  auto q = randn(rng, static_cast<size_t>(T) * hd, 2.0f);
+  const auto k = randn(rng, static_cast<size_t>(T) * hd, 1.0f);
+  const BlockMask full = xattn_select(q.data(), k.data(), T, hd, p);
+  for (int q_begin : {64, 256, 640}) {
+    auto q2 = q;
+    for (size_t i = 0; i < static_cast<size_t>(q_begin) * hd; ++i) q2[i] = 123.f;  // never read
+    const BlockMask m = xattn_select(q2.data(), k.data(), T, hd, p, q_begin);
+    ASSERT_EQ(m.n_blocks, full.n_blocks);
+    for (int qb = 0; qb < m.n_blocks; ++qb)
+      for (int kb = 0; kb < m.n_blocks; ++kb)
+        EXPECT_EQ(m.at(qb, kb), qb >= q_begin / p.block && full.at(qb, kb)) << "q_begin " << q_begin << " qb " << qb;
+  }
+  EXPECT_THROW(xattn_select(q.data(), k.data(), T, hd, p, 32), std::invalid_argument);
+  EXPECT_THROW(xattn_select(q.data(), k.data(), T, hd, p, -64), std::invalid_argument);
+}

@@ -29,9 +29,11 @@ struct SparsePattern {
   // The block rule: does query block qb compute key block kb (kb <= qb)? `sel` is this query head's selection from
   // `select`, or nullptr where none was made (decode steps, unaligned chunks): then the rule without input.
   bool (*keeps)(int qb, int kb, const SparseSettings& s, const BlockMask* sel);
-  // Estimator (nullptr: the rule needs no input). q [n_pos, hd] (rows before this chunk zero) and k [n_pos, hd] of one
-  // query head; a selection per query head, so such heads' GQA groups split into single heads.
-  BlockMask (*select)(const float* q, const float* k, int n_pos, int hd, const SparseSettings& s) = nullptr;
+  // Estimator (nullptr: the rule needs no input). q [n_pos, hd] (rows before q_begin, this chunk's first position,
+  // unread) and k [n_pos, hd] of one query head; a selection per query head, so such heads' GQA groups split into
+  // single heads. Rows of query blocks before q_begin may be left unselected.
+  BlockMask (*select)(const float* q, const float* k, int n_pos, int hd, const SparseSettings& s,
+                      int q_begin) = nullptr;
   // A head of this pattern can hold its keys in a fixed ring of `sink` + `ring` slots whatever the length (streaming);
   // false: one slot per position.
   bool (*bounded_slots)(const SparseSettings& s, int64_t& sink, int64_t& ring) = nullptr;

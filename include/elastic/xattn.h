@@ -24,7 +24,9 @@ struct BlockMask {
 // q: [T, hd] one query head (RoPE applied), k: [T, hd] its KV head. Returns the selection as published:
 // stride-S antidiagonal sums form a [T/S, T/S] reshaped score matrix, scaled by 1/sqrt(hd)/S, causal-masked,
 // softmax per reshaped row, summed into B x B block scores, then per query-block row keep block 0 and the diagonal
-// and add blocks by descending score until the cumulative mass reaches tau.
-BlockMask xattn_select(const float* q, const float* k, int T, int hd, const XAttnParams& p);
+// and add blocks by descending score until the cumulative mass reaches tau. q_begin: the first query position a
+// chunked prefill asks for (a multiple of the block); the query blocks before it are neither scored nor selected (their
+// mask rows stay empty), since a block's row depends only on its own queries and the keys before it.
+BlockMask xattn_select(const float* q, const float* k, int T, int hd, const XAttnParams& p, int q_begin = 0);
 
 }  // namespace elastic

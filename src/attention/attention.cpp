@@ -163,7 +163,7 @@ void attention_forward(const AttentionArgs& a) {
 
   // Estimator selections per query head (XAttention), for prefill calls that start on a block boundary. A query
   // block's row of the selection depends only on its own queries and the keys before it, so a later chunk scores its
-  // rows against the whole key prefix (earlier query rows zero, their selection unused) and matches an unchunked
+  // rows against the whole key prefix (earlier query blocks neither scored nor selected) and matches an unchunked
   // prefill.
   std::vector<BlockMask> xmask(a.n_heads);
   if (a.prefill && a.pos0 % B == 0)
@@ -175,7 +175,7 @@ void attention_forward(const AttentionArgs& a) {
         for (int t = 0; t < a.T; ++t)
           std::copy_n(a.q + (static_cast<size_t>(t) * a.n_heads + h) * hd, hd, qh.data() + static_cast<size_t>(a.pos0 + t) * hd);
         for (int j = 0; j < n_pos; ++j) std::copy_n(a.kv[h / group].k(j), hd, kh.data() + static_cast<size_t>(j) * hd);
-        xmask[h] = pat.select(qh.data(), kh.data(), n_pos, hd, sp);
+        xmask[h] = pat.select(qh.data(), kh.data(), n_pos, hd, sp, a.pos0);
       }
 
   // Each KV head's block rule, looked up in the pattern registry once per call rather than once per asked block.

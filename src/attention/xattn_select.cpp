@@ -47,8 +47,11 @@ void validate(const float* q, const float* k, int T, int hd, const XAttnParams& 
 
 }  // namespace
 
-BlockMask xattn_select(const float* q, const float* k, int T, int hd, const XAttnParams& p) {
+BlockMask xattn_select(const float* q, const float* k, int T, int hd, const XAttnParams& p, int q_begin) {
   validate(q, k, T, hd, p);
+  if (q_begin < 0 || q_begin % p.block != 0)
+    throw std::invalid_argument("xattn_select: q_begin must be a non-negative multiple of the block (got " +
+                                std::to_string(q_begin) + ")");
 
   const int B = p.block;
   const int S = p.stride;
@@ -62,7 +65,8 @@ BlockMask xattn_select(const float* q, const float* k, int T, int hd, const XAtt
   out.mask.assign(static_cast<size_t>(nb) * nb, 0);
   if (T == 0) return out;
 
-  // Reshaped (concatenated) queries and keys, zero-padded past T.
+  // Reshaped (concatenated) queries and keys, zero-padded past T; query rows from the first asked block on.
+  const int qb_begin = std::min(nb, q_begin / B), i_begin = qb_begin * rb;
   std::vector<float> Qr(static_cast<size_t>(R) * D, 0.f), Kr(static_cast<size_t>(R) * D, 0.f);
   for (int i = 0; i < R; ++i) {
     for (int s = 0; s < S; ++s) {
@@ -71,7 +75,8 @@ BlockMask xattn_select(const float* q, const float* k, int T, int hd, const XAtt
       float* kd = &Kr[static_cast<size_t>(i) * D + static_cast<size_t>(s) * hd];
       float* qd = &Qr[static_cast<size_t>(i) * D + static_cast<size_t>(s) * hd];
       if (tk < T) std::copy(k + static_cast<size_t>(tk) * hd, k + static_cast<size_t>(tk + 1) * hd, kd);
-      if (tq < T) std::copy(q + static_cast<size_t>(tq) * hd, q + static_cast<size_t>(tq + 1) * hd, qd);
+      if (tq < T && i >= i_begin)
+        std::copy(q + static_cast<size_t>(tq) * hd, q + static_cast<size_t>(tq + 1) * hd, qd);
     }
   }
 
@@ -83,7 +88,7 @@ BlockMask xattn_select(const float* q, const float* k, int T, int hd, const XAtt
   std::vector<float> bs(static_cast<size_t>(nb) * nb, 0.f);
   const int group_rows = std::max(1, 256 / rb) * rb;  // whole query blocks per product
   std::vector<float> sc(static_cast<size_t>(std::min(group_rows, R)) * R);
-  for (int g0 = 0; g0 < R; g0 += group_rows) {
+  for (int g0 = i_begin; g0 < R; g0 += group_rows) {
     const int rows = std::min(group_rows, R - g0), cols = g0 + rows;  // row i sees key rows [0, i]
     sgemm(false, true, rows, cols, static_cast<int>(D), 1.f, &Qr[static_cast<size_t>(g0) * D], static_cast<int>(D),
           Kr.data(), static_cast<int>(D), 0.f, sc.data(), cols);
@@ -112,7 +117,7 @@ BlockMask xattn_select(const float* q, const float* k, int T, int hd, const XAtt
 
   // Greedy selection per query-block row (threshold arithmetic in double, like the reference).
   std::vector<int> order;
-  for (int qb = 0; qb < nb; ++qb) {
+  for (int qb = qb_begin; qb < nb; ++qb) {
     const float* brow = &bs[static_cast<size_t>(qb) * nb];
     uint8_t* mrow = &out.mask[static_cast<size_t>(qb) * nb];
     double total = 0.0;

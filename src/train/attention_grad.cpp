@@ -101,7 +101,7 @@ std::vector<BlockMask> xattn_masks(const Real* q, const Real* k, int T, int Hq, 
         qh[static_cast<size_t>(t) * hd + c] = static_cast<float>(q[(static_cast<size_t>(t) * Hq + h) * hd + c]);
         kh[static_cast<size_t>(t) * hd + c] = static_cast<float>(k[(static_cast<size_t>(t) * Hkv + h / group) * hd + c]);
       }
-    m[h] = pat.select(qh.data(), kh.data(), T, hd, s);
+    m[h] = pat.select(qh.data(), kh.data(), T, hd, s, 0);
   }
   return m;
 }

@@ -18,10 +18,10 @@ const SparsePattern kXAttnPattern{
       return !sel || sel->n_blocks == 0 || sel->at(qb, kb);
     },
     .select =
-        [](const float* q, const float* k, int n_pos, int hd, const SparseSettings& s) {
+        [](const float* q, const float* k, int n_pos, int hd, const SparseSettings& s, int q_begin) {
           XAttnParams p = s.xattn;
           p.block = s.block;
-          return xattn_select(q, k, n_pos, hd, p);
+          return xattn_select(q, k, n_pos, hd, p, q_begin);
         },
     .on_cuda = true,
     // {"xattn": {"stride": 16, "tau": 0.9}}
