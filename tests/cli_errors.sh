@@ -92,8 +92,11 @@ expect_fail "cannot write SVG" $BIN plot $TMP/p.csv -o $TMP/no/dir/p.svg --y-lab
 printf 'T,ours\n0,1\n' > $TMP/zero.csv
 expect_fail "--log2-x needs x > 0" $BIN plot $TMP/zero.csv -o $TMP/z.svg --y-label y --log2-x
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
-expect_fail "--batch, --kv-pool-gib, --batch-invariant and --small-m-rows need --device cuda" $BIN bench --batch 8
-expect_fail "--small-m-rows need --device cuda" $BIN bench --small-m-rows 4
+expect_fail "--batch, --kv-pool-gib, --batch-invariant, --small-m-rows and --fuse-norms need --device cuda" $BIN bench --batch 8
+expect_fail "--fuse-norms need --device cuda" $BIN bench --small-m-rows 4
+expect_fail "--fuse-norms need --device cuda" $BIN bench --fuse-norms
+expect_fail "--fuse-norms folds the norms into the small-M kernel" $BIN bench --device cuda --fuse-norms --small-m-rows 0
+expect_fail "--fuse-norms folds the norms into the small-M kernel" $BIN bench --device cuda --fuse-norms --batch-invariant
 expect_fail "--small-m-rows and --batch-invariant exclude each other" $BIN bench --device cuda --small-m-rows 4 --batch-invariant
 expect_fail "route init: give -m MODEL or --shape NAME" $BIN route init -o /dev/null
 expect_fail "fa-ssa" $BIN route init --shape qwen3-0.6b --config nope -o /dev/null

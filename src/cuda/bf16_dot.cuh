@@ -23,6 +23,33 @@ __device__ __forceinline__ float dot8_bf16(const uint4& w, const uint4& x, float
   return s;
 }
 
+// s + sum_e w[e] * (x[e] * g[e]): the product of an RMSNorm's input and weight (g) taken in fp32, not rounded to bf16,
+// then one fma per element in order (the fused-norm form of the small-M kernel scales the sum by 1 / rms afterwards).
+__device__ __forceinline__ float dot8_bf16_scaled(const uint4& w, const uint4& x, const uint4& g, float s) {
+  s = fmaf(bf16_lo(w.x), bf16_lo(x.x) * bf16_lo(g.x), s);
+  s = fmaf(bf16_hi(w.x), bf16_hi(x.x) * bf16_hi(g.x), s);
+  s = fmaf(bf16_lo(w.y), bf16_lo(x.y) * bf16_lo(g.y), s);
+  s = fmaf(bf16_hi(w.y), bf16_hi(x.y) * bf16_hi(g.y), s);
+  s = fmaf(bf16_lo(w.z), bf16_lo(x.z) * bf16_lo(g.z), s);
+  s = fmaf(bf16_hi(w.z), bf16_hi(x.z) * bf16_hi(g.z), s);
+  s = fmaf(bf16_lo(w.w), bf16_lo(x.w) * bf16_lo(g.w), s);
+  s = fmaf(bf16_hi(w.w), bf16_hi(x.w) * bf16_hi(g.w), s);
+  return s;
+}
+
+// s + the squares of x's 8 elements.
+__device__ __forceinline__ float sumsq8_bf16(const uint4& x, float s) {
+  s = fmaf(bf16_lo(x.x), bf16_lo(x.x), s);
+  s = fmaf(bf16_hi(x.x), bf16_hi(x.x), s);
+  s = fmaf(bf16_lo(x.y), bf16_lo(x.y), s);
+  s = fmaf(bf16_hi(x.y), bf16_hi(x.y), s);
+  s = fmaf(bf16_lo(x.z), bf16_lo(x.z), s);
+  s = fmaf(bf16_hi(x.z), bf16_hi(x.z), s);
+  s = fmaf(bf16_lo(x.w), bf16_lo(x.w), s);
+  s = fmaf(bf16_hi(x.w), bf16_hi(x.w), s);
+  return s;
+}
+
 // Sums each of the M per-lane partials over the warp (xor butterfly over offsets 16..1: every lane ends with the same
 // bits) and returns row `lane`'s total, for lanes 0..M-1 to write (other lanes get row 0's).
 template <int M>

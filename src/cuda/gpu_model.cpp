@@ -467,6 +467,24 @@ void GpuModel::Impl::decode_body(int B) {
   int32_t* io_next = d_io + S;    // [B] greedy next ids
   int32_t* io_pos = d_io + 2 * S; // [B] positions
   uint16_t* x = d_x.as<uint16_t>();
+  // RMSNorm of the residual rows x, then a product (bf16 out y, or fp32 out yf): one launch where the norm is folded
+  // into the small-M kernel (GpuOptions::fuse_norms; its time then counts in the product's part), else the norm kernel
+  // into d_xn (the Norms part) and the product. `part` is marked after the product (kCount: the caller marks later).
+  auto normed_product = [&](const DeviceBuffer& gamma, const uint16_t* Wt, uint16_t* y, float* yf, int n_out,
+                            GpuDecodeParts::Part part) {
+    const uint16_t* g = gamma.as<uint16_t>();
+    uint16_t* xn = d_xn.as<uint16_t>();
+    if (gemm->fuse_norms()) {
+      if (yf) gemm->bf16_out_f32_normed(x, g, c.rms_eps, xn, Wt, yf, B, n_out, D, st);
+      else gemm->bf16_normed(x, g, c.rms_eps, xn, Wt, y, B, n_out, D, st);
+    } else {
+      rmsnorm_bf16_stream(x, g, xn, B, D, c.rms_eps, st);
+      mark(GpuDecodeParts::Norms);
+      if (yf) gemm->bf16_out_f32(xn, Wt, yf, B, n_out, D, st);
+      else gemm->bf16(xn, Wt, y, B, n_out, D, st);
+    }
+    if (part != GpuDecodeParts::kCount) mark(part);
+  };
   mark(GpuDecodeParts::EmbedPlan);  // the start
   embed_rows_bf16(embed.as<uint16_t>(), io_ids, x, B, D, V, st);
   // Every layer's units for this step's kept counts (prepare_step wrote them): a layer's B * Hkv heads at once.
@@ -476,10 +494,7 @@ void GpuModel::Impl::decode_body(int B) {
   for (int l = 0; l < c.n_layers; ++l) {
     const GpuLayer& W = layers[l];
     const size_t off = size_t(l) * B * Hkv;
-    rmsnorm_bf16_stream(x, W.attn_norm.as<uint16_t>(), d_xn.as<uint16_t>(), B, D, c.rms_eps, st);
-    mark(GpuDecodeParts::Norms);
-    gemm->bf16(d_xn.as<uint16_t>(), W.w_qkv.as<uint16_t>(), d_qkv.as<uint16_t>(), B, N, D, st);
-    mark(GpuDecodeParts::Qkv);
+    normed_product(W.attn_norm, W.w_qkv.as<uint16_t>(), d_qkv.as<uint16_t>(), nullptr, N, GpuDecodeParts::Qkv);
     QkvPostParams qp;
     qp.qkv = d_qkv.as<uint16_t>();
     qp.bias = W.b_qkv.as<uint16_t>();
@@ -522,16 +537,12 @@ void GpuModel::Impl::decode_body(int B) {
     }
     gemm->bf16(d_attn.as<uint16_t>(), W.wo.as<uint16_t>(), x, B, D, Hq * hd, st, nullptr, 1.f);
     mark(GpuDecodeParts::OProj);
-    rmsnorm_bf16_stream(x, W.mlp_norm.as<uint16_t>(), d_xn.as<uint16_t>(), B, D, c.rms_eps, st);
-    mark(GpuDecodeParts::Norms);
-    gemm->bf16(d_xn.as<uint16_t>(), W.w_gu.as<uint16_t>(), d_gu.as<uint16_t>(), B, 2 * F, D, st);
+    normed_product(W.mlp_norm, W.w_gu.as<uint16_t>(), d_gu.as<uint16_t>(), nullptr, 2 * F, GpuDecodeParts::kCount);
     swiglu_bf16(d_gu.as<uint16_t>(), d_act.as<uint16_t>(), B, F, st);
     gemm->bf16(d_act.as<uint16_t>(), W.w_down.as<uint16_t>(), x, B, D, F, st, nullptr, 1.f);
     mark(GpuDecodeParts::Mlp);
   }
-  rmsnorm_bf16_stream(x, final_norm.as<uint16_t>(), d_xn.as<uint16_t>(), B, D, c.rms_eps, st);
-  mark(GpuDecodeParts::Norms);
-  gemm->bf16_out_f32(d_xn.as<uint16_t>(), head_weight(), logits.as<float>(), B, V, D, st);
+  normed_product(final_norm, head_weight(), nullptr, logits.as<float>(), V, GpuDecodeParts::kCount);
   argmax_rows_f32(logits.as<float>(), B, V, io_next, st);
   mark(GpuDecodeParts::Logits);
 }
