@@ -64,6 +64,9 @@ class Gemm {
   bool fuse_norms() const;
 
  private:
+  // bf16_normed and bf16_out_f32_normed: Y bf16 or fp32 (y_f32).
+  void normed(const uint16_t* X, const uint16_t* gamma, float eps, uint16_t* xn, const uint16_t* W, void* Y, bool y_f32,
+              int M, int N, int K, cudaStream_t stream);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   size_t ws_bytes_;

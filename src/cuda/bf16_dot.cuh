@@ -10,45 +10,36 @@ namespace elastic::cuda {
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 
+// The 8 elements of a 16-byte chunk as 4 words (elements 2i, 2i + 1 in word i's low and high halves).
+__device__ __forceinline__ void words4(const uint4& v, uint32_t (&u)[4]) { u[0] = v.x, u[1] = v.y, u[2] = v.z, u[3] = v.w; }
+
 // s + sum_e w[e] * x[e], one fma per element in order e = 0..7.
 __device__ __forceinline__ float dot8_bf16(const uint4& w, const uint4& x, float s) {
-  s = fmaf(bf16_lo(w.x), bf16_lo(x.x), s);
-  s = fmaf(bf16_hi(w.x), bf16_hi(x.x), s);
-  s = fmaf(bf16_lo(w.y), bf16_lo(x.y), s);
-  s = fmaf(bf16_hi(w.y), bf16_hi(x.y), s);
-  s = fmaf(bf16_lo(w.z), bf16_lo(x.z), s);
-  s = fmaf(bf16_hi(w.z), bf16_hi(x.z), s);
-  s = fmaf(bf16_lo(w.w), bf16_lo(x.w), s);
-  s = fmaf(bf16_hi(w.w), bf16_hi(x.w), s);
+  uint32_t a[4], b[4];
+  words4(w, a), words4(x, b);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    s = fmaf(bf16_lo(a[i]), bf16_lo(b[i]), s);
+    s = fmaf(bf16_hi(a[i]), bf16_hi(b[i]), s);
+  }
   return s;
 }
 
 // s + sum_e w[e] * (x[e] * g[e]): the product of an RMSNorm's input and weight (g) taken in fp32, not rounded to bf16,
 // then one fma per element in order (the fused-norm form of the small-M kernel scales the sum by 1 / rms afterwards).
 __device__ __forceinline__ float dot8_bf16_scaled(const uint4& w, const uint4& x, const uint4& g, float s) {
-  s = fmaf(bf16_lo(w.x), bf16_lo(x.x) * bf16_lo(g.x), s);
-  s = fmaf(bf16_hi(w.x), bf16_hi(x.x) * bf16_hi(g.x), s);
-  s = fmaf(bf16_lo(w.y), bf16_lo(x.y) * bf16_lo(g.y), s);
-  s = fmaf(bf16_hi(w.y), bf16_hi(x.y) * bf16_hi(g.y), s);
-  s = fmaf(bf16_lo(w.z), bf16_lo(x.z) * bf16_lo(g.z), s);
-  s = fmaf(bf16_hi(w.z), bf16_hi(x.z) * bf16_hi(g.z), s);
-  s = fmaf(bf16_lo(w.w), bf16_lo(x.w) * bf16_lo(g.w), s);
-  s = fmaf(bf16_hi(w.w), bf16_hi(x.w) * bf16_hi(g.w), s);
+  uint32_t a[4], b[4], c[4];
+  words4(w, a), words4(x, b), words4(g, c);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    s = fmaf(bf16_lo(a[i]), bf16_lo(b[i]) * bf16_lo(c[i]), s);
+    s = fmaf(bf16_hi(a[i]), bf16_hi(b[i]) * bf16_hi(c[i]), s);
+  }
   return s;
 }
 
-// s + the squares of x's 8 elements.
-__device__ __forceinline__ float sumsq8_bf16(const uint4& x, float s) {
-  s = fmaf(bf16_lo(x.x), bf16_lo(x.x), s);
-  s = fmaf(bf16_hi(x.x), bf16_hi(x.x), s);
-  s = fmaf(bf16_lo(x.y), bf16_lo(x.y), s);
-  s = fmaf(bf16_hi(x.y), bf16_hi(x.y), s);
-  s = fmaf(bf16_lo(x.z), bf16_lo(x.z), s);
-  s = fmaf(bf16_hi(x.z), bf16_hi(x.z), s);
-  s = fmaf(bf16_lo(x.w), bf16_lo(x.w), s);
-  s = fmaf(bf16_hi(x.w), bf16_hi(x.w), s);
-  return s;
-}
+// s + the squares of x's 8 elements, in order.
+__device__ __forceinline__ float sumsq8_bf16(const uint4& x, float s) { return dot8_bf16(x, x, s); }
 
 // Sums each of the M per-lane partials over the warp (xor butterfly over offsets 16..1: every lane ends with the same
 // bits) and returns row `lane`'s total, for lanes 0..M-1 to write (other lanes get row 0's).
