@@ -25,6 +25,7 @@
 #include "elastic/cuda_attention.h"
 #include "attention_variants.h"  // dev/cuda: every kernel variant, the engine's and the measurement ones
 #include "contiguous_decode.h"  // dev/cuda: the contiguous-cache decode
+#include "xattn_estimate_variants.h"  // dev/cuda: the estimator's earlier forms
 #include "elastic/cuda_gemm.h"
 #include "elastic/cuda_paged_decode.h"
 #include "elastic/kv_pages.h"
@@ -554,7 +555,8 @@ int main(int argc, char** argv) {
           for (int t0 = 0; t0 < T; t0 += chunk) {
             XAttnEstimateParams c = e;
             c.q = q + size_t(t0) * Hq * hd, c.T = std::min(chunk, T - t0), c.pos0 = t0;
-            xattn_estimate_cuda(c, nullptr);
+            if (form == XAttnEstimateKernel::Gemm) xattn_estimate_cuda(c, nullptr);
+            else xattn_estimate_variant(c, nullptr);
           }
         };
         const double t = timer.median_ms(all_chunks, reps);
@@ -620,10 +622,11 @@ int main(int argc, char** argv) {
       if (T <= simple_est_max_T) {  // the fp32 CUDA-core estimator, for comparison
         XAttnEstimateParams es = e;
         es.kernel = XAttnEstimateKernel::Simple;
-        row("xattn estimate (GPU, fp32 CUDA cores)", 1.0, timer.median_ms([&] { xattn_estimate_cuda(es, nullptr); }, reps), 0.0);
+        row("xattn estimate (GPU, fp32 CUDA cores)", 1.0,
+            timer.median_ms([&] { xattn_estimate_variant(es, nullptr); }, reps), 0.0);
       }
-      XAttnEstimateParams em = e;  // the mma.sync kernel (Auto without a Gemm), for comparison
-      const double t_mma = timer.median_ms([&] { xattn_estimate_cuda(em, nullptr); }, reps);
+      XAttnEstimateParams em = e;  // the mma.sync kernel (the dev area's Auto), for comparison
+      const double t_mma = timer.median_ms([&] { xattn_estimate_variant(em, nullptr); }, reps);
       // The engine's estimator: scores through cuBLASLt (what GpuModel runs; every KV head scored here).
       void* scratch = nullptr;
       e.scratch_bytes = xattn_gemm_scratch_bytes(T, T, Hkv, Hq / Hkv, hd, 16);

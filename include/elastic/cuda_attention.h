@@ -110,15 +110,12 @@ KVHeadMeta make_kv_head_meta(HeadMode mode, int sink, int local, int block);
 // qb*(qb+1)/2 (so `blocks` needs Hq*nb*(nb+1)/2 ints), counts for qb >= pos0/block (earlier rows get count 0).
 // Only query heads whose KV head mode is XAttn are estimated (others get count 0). Optionally returns the block
 // scores (probability mass per block, [Hq, nb, nb] fp32, rows < pos0/block untouched) for testing.
-// Kernels. Gemm (Auto's choice whenever `gemm` and a large enough `scratch` are given): the folded query and key rows
-// of the routed KV heads are packed into scratch, scored by cuBLASLt as one strided-batched product per 256 folded
-// query rows (fp32 out; only the key rows those rows can see), then one kernel per row group does the softmax, the
-// block masses and the selection; at about 1/S of QK^T's work this is the estimator's tensor-core rate (see
-// xattn_estimate_gemm.cu). Otherwise Auto takes the mma.sync kernel where (Hq / Hkv) * block / stride <= 16 (in one
-// pass where its per-(row, block) sums fit shared memory, about 128K-160K tokens at block 64; beyond, in two passes
-// that score twice but keep only O(heads x blocks) floats), else the fp32 CUDA-core kernel. TensorCore forces the
-// mma.sync kernel (one pass where it fits, else two), TensorCoreTwoPass its two-pass form, Simple the fp32 one, Gemm
-// the cuBLASLt form; each throws where it does not fit.
+// The engine's form (Auto or Gemm): the folded query and key rows of the routed KV heads are packed into scratch,
+// scored by cuBLASLt as one strided-batched product per 256 folded query rows (fp32 out; only the key rows those rows
+// can see), then one kernel per row group does the softmax, the block masses and the selection; about 1/S of QK^T's
+// work at the tensor-core rate (xattn_estimate_gemm.cu). It needs `gemm` and a `scratch` of xattn_gemm_scratch_bytes.
+// Simple (fp32), TensorCore (mma.sync, one or two passes) and TensorCoreTwoPass are the earlier forms, kept as
+// measurement variants in the dev area (dev/cuda/xattn_estimate_variants.h); xattn_estimate_cuda refuses them.
 enum class XAttnEstimateKernel { Auto, TensorCore, Simple, TensorCoreTwoPass, Gemm };
 class Gemm;
 struct XAttnEstimateParams {

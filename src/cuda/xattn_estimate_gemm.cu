@@ -1,11 +1,12 @@
-// XAttention block estimation with the scores through cuBLASLt (XAttnEstimateKernel::Gemm), the pipeline of
+// XAttention block estimation on the GPU (xattn_estimate_cuda), the scores through cuBLASLt: the pipeline of
 // elastic::xattn_select (src/attention/xattn_select.cpp) for the KV heads routed to XAttention.
 //
 // Why a product: with stride S the antidiagonal scores of a chunk are one matrix product per KV head,
 //   score(i, j) = Qf[i] . Kf[j] * scale,  Qf[i] = concat_s q[i*S + S-1-s],  Kf[j] = concat_s k[j*S + s]   (S*hd long),
-// about 1/S of the chunk's QK^T work. The mma.sync kernels in xattn_estimate.cu score it from a 16-32-row query tile
-// per CTA that rereads the whole key prefix (measured at 0.67-1.5x of a full attention layer on an H100); cuBLASLt
-// runs the product at its tensor-core rate instead, and the softmax and the selection read the scores once.
+// about 1/S of the chunk's QK^T work. The earlier mma.sync kernels (now dev/cuda/xattn_estimate_variants.cu) scored
+// it from a 16-32-row query tile per CTA that rereads the whole key prefix (0.7-1.4x of a full attention layer on an
+// H100); cuBLASLt runs the product at its tensor-core rate instead, and the softmax and the selection read the scores
+// once.
 //
 // Per call (one prefill chunk: folded query rows [i0, R), i0 = pos0 / S, R = ceil(n_pos / S)):
 //   1. pack: Qf [X][Rc_pad][G][S*hd] (row m = local row * G + query head g of the KV head; position-major, so a run
@@ -13,8 +14,8 @@
 //   2. per group of kRowGroup folded query rows: C[x] = Qf[x] rows of the group x Kf[x]^T over the key rows the group
 //      can see (rounded up to kPad), fp32, one strided-batched cuBLASLt call over the X heads;
 //   3. per (query block of the group, KV head): for each of its G query heads, the causal softmax of each folded row,
-//      the block masses (one thread per key block, rows in fixed order), then select_blocks (shared with
-//      xattn_estimate.cu).
+//      the block masses (one thread per (head, key block), rows in fixed order), then select_blocks (shared with the
+//      dev variants).
 // Shapes are padded to multiples of kPad so that the product's shapes (hence cuBLASLt plans) come from a bounded set.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -26,7 +27,7 @@
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
 #include "elastic/cuda_gemm.h"
-#include "xattn_estimate_gemm.h"
+#include "xattn_estimate_check.h"
 #include "xattn_select_blocks.cuh"
 
 namespace elastic::cuda {
@@ -212,6 +213,15 @@ HeadList head_list(const XAttnEstimateParams& p, int& X) {
   return l;
 }
 
+// The selection kernel's shared memory against the device's opt-in limit.
+bool select_smem_fits(const XAttnEstimateParams& p) {
+  int dev = 0, optin = 0;
+  ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
+  ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int nb = (p.pos0 + p.T + p.block - 1) / p.block;
+  return select_smem_bytes(nb, p.n_heads / p.n_kv_heads, p.block / p.stride) + 4096 <= static_cast<size_t>(optin);
+}
+
 }  // namespace
 
 size_t xattn_gemm_scratch_bytes(int T, int n_pos, int n_kv_heads, int n_heads_per_kv, int head_dim, int stride) {
@@ -222,24 +232,12 @@ size_t xattn_gemm_scratch_bytes(int T, int n_pos, int n_kv_heads, int n_heads_pe
   return a.total();
 }
 
-// The selection kernel's shared memory against the device's opt-in limit.
-static bool select_smem_fits(const XAttnEstimateParams& p) {
-  int dev = 0, optin = 0;
-  ELASTIC_CUDA_CHECK(cudaGetDevice(&dev));
-  ELASTIC_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  const int nb = (p.pos0 + p.T + p.block - 1) / p.block;
-  return select_smem_bytes(nb, p.n_heads / p.n_kv_heads, p.block / p.stride) + 4096 <= static_cast<size_t>(optin);
-}
 
-bool xattn_gemm_fits(const XAttnEstimateParams& p) {
-  if (!p.gemm || !p.scratch || p.head_dim % 8 || !select_smem_fits(p)) return false;
-  int X = 0;
-  head_list(p, X);
-  if (X == 0) return true;
-  return layout_for(p.T, p.pos0, X, p.n_heads / p.n_kv_heads, p.head_dim, p.stride).total() <= p.scratch_bytes;
-}
-
-void xattn_estimate_gemm(const XAttnEstimateParams& p, cudaStream_t stream) {
+void xattn_estimate_cuda(const XAttnEstimateParams& p, cudaStream_t stream) {
+  check_xattn_estimate(p, "xattn_estimate_cuda");
+  if (p.kernel != XAttnEstimateKernel::Auto && p.kernel != XAttnEstimateKernel::Gemm)
+    throw std::invalid_argument("xattn_estimate_cuda: the mma.sync and fp32 forms are measurement variants that "
+                                "dev/cuda's xattn_estimate_variant runs");
   int X = 0;
   const HeadList heads = head_list(p, X);
   const int G = p.n_heads / p.n_kv_heads, S = p.stride, hd = p.head_dim, B = p.block, rb = B / S;

@@ -1,9 +1,9 @@
 #pragma once
 // XAttention's greedy block selection on the device (steps 4-5 of elastic::xattn_select,
-// src/attention/xattn_select.cpp), shared by the estimators in xattn_estimate.cu (scores on CUDA cores or mma.sync)
-// and xattn_estimate_gemm.cu (scores through cuBLASLt): given one (query head, query block)'s block masses, keep
-// block 0 and the diagonal, then blocks by descending mass (ties: lower kb) while the mass so far is < tau * total,
-// and write the kept blocks ascending into the triangular list of (h, qb).
+// src/attention/xattn_select.cpp), shared by the engine's estimator (xattn_estimate_gemm.cu, scores through cuBLASLt)
+// and the dev area's earlier forms (dev/cuda/xattn_estimate_variants.cu, scores on CUDA cores or mma.sync): given one
+// (query head, query block)'s block masses, keep block 0 and the diagonal, then blocks by descending mass (ties: lower
+// kb) while the mass so far is < tau * total, and write the kept blocks ascending into the triangular list of (h, qb).
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -21,6 +21,7 @@
 #include "elastic/cuda_gemm.h"
 #include "attention_variants.h"  // dev/cuda: the prefill kernel's measurement variants
 #include "contiguous_decode.h"  // dev/cuda: the contiguous-cache decode
+#include "xattn_estimate_variants.h"  // dev/cuda: the estimator's earlier forms
 #include "gpu_test_util.h"
 
 using namespace elastic;
@@ -468,7 +469,8 @@ TEST(CudaXAttnEstimate, MatchesCpuSelection) {
         e.gemm = &gemm, e.scratch = scratch->p;
         if (pos0 == 0) e.xa_kv_heads = xa_heads, e.n_xa_kv_heads = 1;
       }
-      cuda::xattn_estimate_cuda(e, nullptr);
+      if (kernel == cuda::XAttnEstimateKernel::Gemm) cuda::xattn_estimate_cuda(e, nullptr);  // the engine's
+      else cuda::xattn_estimate_variant(e, nullptr);                                       // the dev area's
       ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
       const auto blocks = dblocks.down(), off = doff.down(), cnt = dcnt.down();
       const auto bs = dbs.down();
@@ -526,9 +528,32 @@ TEST(CudaXAttnEstimate, TensorCoreRejectsTooManyRowsPerKvHead) {
   e.q = e.k = &d, e.meta = &m, e.blocks = e.offsets = e.counts = &i;
   e.T = 256, e.n_heads = 8, e.n_kv_heads = 1, e.head_dim = 64, e.block = 128;  // 8 heads x 8 rows = 64 > 32
   e.kernel = cuda::XAttnEstimateKernel::TensorCore;
-  EXPECT_THROW(cuda::xattn_estimate_cuda(e, nullptr), std::invalid_argument);
+  EXPECT_THROW(cuda::xattn_estimate_variant(e, nullptr), std::invalid_argument);
   e.kernel = cuda::XAttnEstimateKernel::TensorCoreTwoPass;
-  EXPECT_THROW(cuda::xattn_estimate_cuda(e, nullptr), std::invalid_argument);
+  EXPECT_THROW(cuda::xattn_estimate_variant(e, nullptr), std::invalid_argument);
+}
+
+// The engine runs its own form only: a variant named to xattn_estimate_cuda is refused by name, and the Gemm form
+// named to the dev area's entry point too (no GPU needed: both refuse before launching).
+TEST(CudaXAttnEstimate, EngineAndDevAreaRefuseEachOthersForms) {
+  cuda::XAttnEstimateParams e;
+  uint16_t d = 0;
+  int32_t i = 0;
+  cuda::KVHeadMeta m;
+  e.q = e.k = &d, e.meta = &m, e.blocks = e.offsets = e.counts = &i;
+  e.T = 256, e.n_heads = 8, e.n_kv_heads = 2, e.head_dim = 64, e.block = 64;
+  for (const auto k : {cuda::XAttnEstimateKernel::Simple, cuda::XAttnEstimateKernel::TensorCore,
+                       cuda::XAttnEstimateKernel::TensorCoreTwoPass}) {
+    e.kernel = k;
+    try {
+      cuda::xattn_estimate_cuda(e, nullptr);
+      ADD_FAILURE() << "the engine ran a variant";
+    } catch (const std::invalid_argument& ex) {
+      EXPECT_NE(std::string(ex.what()).find("xattn_estimate_variant"), std::string::npos) << ex.what();
+    }
+  }
+  e.kernel = cuda::XAttnEstimateKernel::Gemm;
+  EXPECT_THROW(cuda::xattn_estimate_variant(e, nullptr), std::invalid_argument);
 }
 
 // The cuBLASLt form's arguments, refused before anything runs (no GPU needed): no Gemm or scratch, a KV head listed

@@ -1,5 +1,7 @@
-// XAttention block estimation on the GPU: the pipeline of elastic::xattn_select (src/attention/xattn_select.cpp)
-// for every query head of an XAttn-routed KV head, for the query blocks of one (block-aligned) prefill chunk.
+// Dev area: the XAttention estimator's earlier forms, kept to be timed against the engine's (src/cuda/
+// xattn_estimate_gemm.cu: the scores through cuBLASLt) and as the tests' second opinion. The pipeline of
+// elastic::xattn_select (src/attention/xattn_select.cpp) for every query head of an XAttn-routed KV head, for the
+// query blocks of one (block-aligned) prefill chunk.
 //
 // One CTA per (query block, query head), 256 threads:
 //   1. the B/S reshaped query rows of the block go to shared memory as fp32 (row i, segment s = q[i*S + S-1-s]);
@@ -19,11 +21,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/mma_sync.cuh"
+#include "cuda/xattn_estimate_check.h"
+#include "cuda/xattn_select_blocks.cuh"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
-#include "mma_sync.cuh"
-#include "xattn_estimate_gemm.h"
-#include "xattn_select_blocks.cuh"
+#include "xattn_estimate_variants.h"
 
 namespace elastic::cuda {
 namespace {
@@ -387,7 +390,7 @@ size_t mma_two_pass_smem_bytes(int D, int nb, int G, int MT) {
   return mma_float_offset(D, nb, MT) + 4 * (static_cast<size_t>(G) * nb + kW * MR * 16 + MR + kW * MR * 8 + kW * MR * 2);
 }
 
-void bad(const std::string& what) { throw std::invalid_argument("xattn_estimate_cuda: " + what); }
+void bad(const std::string& what) { throw std::invalid_argument("xattn_estimate_variant: " + what); }
 
 template <int HD>
 void launch(const XAttnEstimateParams& p, cudaStream_t stream) {
@@ -444,18 +447,9 @@ void launch(const XAttnEstimateParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-void xattn_estimate_cuda(const XAttnEstimateParams& p, cudaStream_t stream) {
-  if (!p.q || !p.k || !p.meta || !p.blocks || !p.offsets || !p.counts) bad("null q, k, meta or output lists");
-  if (p.T <= 0 || p.pos0 < 0) bad("T must be > 0 and pos0 >= 0");
-  if (p.block != 64 && p.block != 128) bad("block must be 64 or 128 (got " + std::to_string(p.block) + ")");
-  if (p.stride < 1 || p.block % p.stride || p.block / p.stride > 16)
-    bad("stride must divide block with block/stride <= 16 (got stride " + std::to_string(p.stride) + ")");
-  if (p.pos0 % p.block) bad("pos0 must be a multiple of block (got " + std::to_string(p.pos0) + ")");
-  if (!(p.tau > 0.f && p.tau <= 1.f)) bad("tau must be in (0, 1]");
-  if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads)
-    bad("n_heads must be a positive multiple of n_kv_heads");
-  if (p.kernel == XAttnEstimateKernel::Gemm || (p.kernel == XAttnEstimateKernel::Auto && xattn_gemm_fits(p)))
-    return xattn_estimate_gemm(p, stream);
+void xattn_estimate_variant(const XAttnEstimateParams& p, cudaStream_t stream) {
+  check_xattn_estimate(p, "xattn_estimate_variant");
+  if (p.kernel == XAttnEstimateKernel::Gemm) bad("the Gemm form is the engine's: xattn_estimate_cuda runs it");
   if (p.head_dim == 64)
     launch<64>(p, stream);
   else if (p.head_dim == 128)
