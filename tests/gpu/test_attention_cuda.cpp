@@ -519,13 +519,21 @@ TEST(CudaXAttnEstimate, MatchesCpuSelection) {
     }
 }
 
-TEST(CudaXAttnEstimate, TensorCoreRejectsTooManyRowsPerKvHead) {
-  SKIP_WITHOUT_GPU();
-  cuda::XAttnEstimateParams e;
+// Estimator parameters whose pointers are host dummies: for checks that refuse before anything launches.
+struct HostOnlyEstimate {
   uint16_t d = 0;
   int32_t i = 0;
   cuda::KVHeadMeta m;
-  e.q = e.k = &d, e.meta = &m, e.blocks = e.offsets = e.counts = &i;
+  cuda::XAttnEstimateParams e;
+  HostOnlyEstimate() { e.q = e.k = &d, e.meta = &m, e.blocks = e.offsets = e.counts = &i; }
+  HostOnlyEstimate(const HostOnlyEstimate&) = delete;
+  HostOnlyEstimate& operator=(const HostOnlyEstimate&) = delete;
+};
+
+TEST(CudaXAttnEstimate, TensorCoreRejectsTooManyRowsPerKvHead) {
+  SKIP_WITHOUT_GPU();
+  HostOnlyEstimate h;
+  cuda::XAttnEstimateParams& e = h.e;
   e.T = 256, e.n_heads = 8, e.n_kv_heads = 1, e.head_dim = 64, e.block = 128;  // 8 heads x 8 rows = 64 > 32
   e.kernel = cuda::XAttnEstimateKernel::TensorCore;
   EXPECT_THROW(cuda::xattn_estimate_variant(e, nullptr), std::invalid_argument);
@@ -536,11 +544,8 @@ TEST(CudaXAttnEstimate, TensorCoreRejectsTooManyRowsPerKvHead) {
 // The engine runs its own form only: a variant named to xattn_estimate_cuda is refused by name, and the Gemm form
 // named to the dev area's entry point too (no GPU needed: both refuse before launching).
 TEST(CudaXAttnEstimate, EngineAndDevAreaRefuseEachOthersForms) {
-  cuda::XAttnEstimateParams e;
-  uint16_t d = 0;
-  int32_t i = 0;
-  cuda::KVHeadMeta m;
-  e.q = e.k = &d, e.meta = &m, e.blocks = e.offsets = e.counts = &i;
+  HostOnlyEstimate h;
+  cuda::XAttnEstimateParams& e = h.e;
   e.T = 256, e.n_heads = 8, e.n_kv_heads = 2, e.head_dim = 64, e.block = 64;
   for (const auto k : {cuda::XAttnEstimateKernel::Simple, cuda::XAttnEstimateKernel::TensorCore,
                        cuda::XAttnEstimateKernel::TensorCoreTwoPass}) {
@@ -559,11 +564,8 @@ TEST(CudaXAttnEstimate, EngineAndDevAreaRefuseEachOthersForms) {
 // The cuBLASLt form's arguments, refused before anything runs (no GPU needed): no Gemm or scratch, a KV head listed
 // twice or out of range, too little scratch for the chunk.
 TEST(CudaXAttnEstimate, GemmFormRejectsBadArguments) {
-  cuda::XAttnEstimateParams e;
-  uint16_t d = 0;
-  int32_t i = 0;
-  cuda::KVHeadMeta m;
-  e.q = e.k = &d, e.meta = &m, e.blocks = e.offsets = e.counts = &i;
+  HostOnlyEstimate h;
+  cuda::XAttnEstimateParams& e = h.e;
   e.T = 256, e.n_heads = 8, e.n_kv_heads = 2, e.head_dim = 64, e.block = 64;
   e.kernel = cuda::XAttnEstimateKernel::Gemm;
   auto expect_refusal = [&](const char* what) {
@@ -590,11 +592,8 @@ TEST(CudaXAttnEstimate, GemmFormRejectsBadArguments) {
 }
 
 TEST(CudaXAttnEstimate, RejectsUnalignedChunk) {
-  cuda::XAttnEstimateParams e;
-  uint16_t d = 0;
-  int32_t i = 0;
-  cuda::KVHeadMeta m;
-  e.q = e.k = &d, e.meta = &m, e.blocks = e.offsets = e.counts = &i;
+  HostOnlyEstimate h;
+  cuda::XAttnEstimateParams& e = h.e;
   e.T = 10, e.pos0 = 30, e.n_heads = 2, e.n_kv_heads = 1, e.head_dim = 64;
   EXPECT_THROW(cuda::xattn_estimate_cuda(e, nullptr), std::invalid_argument);
 }
