@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "elastic/attention.h"
+#include "elastic/xattn.h"
 
 using namespace elastic;
 
@@ -66,5 +67,20 @@ int main(int argc, char** argv) {
     std::printf("| %s | %.1f | %.1f | %.3f | %.2fx |\n", r.name.c_str(), mean, *std::min_element(ms.begin(), ms.end()),
                 st.flops_ratio(), full_ms / mean);
   }
+  // The XAttention estimate alone (xattn_select, one query head against its KV head, the first layout above), the
+  // part of the xattn row that full attention does not have.
+  XAttnParams xp = sp.xattn;
+  xp.block = sp.block;
+  std::vector<float> qh(size_t(T) * hd);
+  for (int t = 0; t < T; ++t) std::copy_n(q.data() + (size_t(t) * Hq) * hd, hd, qh.data() + size_t(t) * hd);
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    const BlockMask m = xattn_select(qh.data(), k.data(), T, hd, xp);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (m.n_blocks == 0) return 1;
+  }
+  std::printf("\nXAttention estimate alone (xattn_select, one head): min %.1f ms of %d\n",
+              *std::min_element(ms.begin(), ms.end()), reps);
   return 0;
 }
