@@ -12,7 +12,7 @@
 #      heads from the task probe and from the classic magic-number probe of run 3 (docs/results), all-SSA;
 #   5. the held-out templates (eval --paraphrase) for full, the first seed's routers and one draw; the sweep routers;
 #   6. LONG (e.g. 4096): the probe, full and the routers at that length, then the controls at the Omega measured there;
-#   7. the whole GPU test suite, if time is left.
+#   7. the whole GPU test suite with the transformers fixtures, run in the background from the start (SKIP_TESTS=1: not).
 # Eval prompts use a real-text haystack (Debian's licence texts, carried as .ctl_in/haystack.txt: the router trained
 # on the synthetic grammar) and real C++ for code_continue (this repo's src/model), over the training tasks and held-out
 # ones. Results: .ctl/eval_*/results.jsonl, merged into $OUT/results.jsonl.gz with the training logs and the report.
@@ -127,6 +127,20 @@ for tag, rows in out.items():
 print(f"restored {sum(map(len, out.values()))} samples in {len(out)} folders")
 EOF2
   touch $X/restored
+fi
+
+# 0b. Every GPU test with the transformers fixtures (validation of code not yet run on a GPU), in the background from
+# the start: a 135M model's trainings and evals leave the GPU far from busy, and the suite takes about a minute.
+tests_pid=
+if [ "$DEVICE" = cuda ] && [ ! -f $X/tests.ok ] && [ -z "${SKIP_TESTS:-}" ]; then
+  log "GPU tests (background)"
+  (
+    python3 scripts/make_fixtures.py --only qwen3_gpu,llama_gpu --out $X/fixtures > $X/fixtures.log 2>&1
+    ELASTIC_GPU_FIXTURES=$X/fixtures timeout 300 $C/elastic_gpu_tests > $X/tests.full 2>&1
+    rc=$?  # gtest prints "[  PASSED  ] N tests." even when others failed: the exit status decides
+    { tail -n 3 $X/fixtures.log; grep -E "^\[  FAILED  \]" $X/tests.full; tail -n 30 $X/tests.full; } > $X/tests.log
+    [ $rc -eq 0 ] && touch $X/tests.ok
+  ) & tests_pid=$!
 fi
 
 # The sweep routers train in the background while the evals run. A training cannot resume, so they start only when
@@ -273,14 +287,10 @@ if [ -n "$LONG" ] && [ -s $X/omega_matched.txt ] && [ "$(left)" -gt 120 ] && lon
 fi
 [ -z "${sweep_eval:-}" ] || wait $sweep_eval
 
-# 7. Every GPU test (validation of code not yet run on a GPU), if time is left.
-if [ "$DEVICE" = cuda ] && [ ! -f $X/tests.ok ] && [ "$(left)" -gt 150 ]; then
-  log "GPU tests"
-  timeout "$(limit 30)" $C/elastic_gpu_tests > $X/tests.full 2>&1
-  rc=$?  # gtest prints "[  PASSED  ] N tests." even when others failed: the exit status decides
-  tail -n 30 $X/tests.full > $X/tests.log
-  [ $rc -eq 0 ] && touch $X/tests.ok
-  grep -E "FAILED|PASSED" $X/tests.log | tail -n 8
+# 7. (started in 0b) the GPU tests' result.
+if [ -n "${tests_pid:-}" ]; then
+  wait $tests_pid
+  grep -E "FAILED|PASSED|tests ran" $X/tests.log | tail -n 8
 fi
 
 for p in "${sweep_pids[@]}"; do wait $p; done  # train() stops them 45 s before the budget: time for the report
