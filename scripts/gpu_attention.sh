@@ -5,12 +5,8 @@
 # Binaries from .gpucarry (bash scripts/gpu_carry.sh, carry [".gpucarry"]); logs go to $OUT (or /tmp).
 # Env: LENGTHS="8192 16384 ..." (benchmark lengths), SKIP_BENCH=1, SKIP_SANITIZER=1, SKIP_SDPA=1.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-O=${OUT:-/tmp}
-C=.gpucarry
+. "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 LENGTHS=${LENGTHS:-"8192 16384 32768 65536 131072"}
-[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
-export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$O/gpu_info.log"
 nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc -Xptxas -v -c src/cuda/attention_fwd.cu \
   -o /tmp/attention_fwd.o 2>&1 | grep -E "registers|spill|entry" | tee "$O/ptxas.log"

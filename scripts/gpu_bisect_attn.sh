@@ -14,11 +14,7 @@
 # The variables reach the tests that build a GpuModel (read once there, attention_config_from_env); the kernel-level
 # tests name their kernels and options in HybridAttnParams.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-O=${OUT:-/tmp}
-C=.gpucarry
-[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
-export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 for combo in ${COMBOS:-overlap:0 overlap:3 simple:0}; do  # the engine's kernels (the variants: dev/cuda)
   k=${combo%%:*} o=${combo##*:}
   f="$O/suite_${k}_${o}.txt"

@@ -27,11 +27,7 @@
 # (seconds this call may use, default 560; stages that do not fit are left for the next call), DEVICE (cuda; cpu for a
 # dry run of the script here with tiny settings, e.g. STEPS=2 MAXLEN=300 LENGTHS=256 SAMPLES=1 SEEDS=1 PROBE_PROMPTS=1).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-O=${OUT:-/tmp}
-C=.gpucarry
-[ -d $C/lib ] || tar -xJf $C/lib.tar.xz -C $C  # gpu_carry.sh packs the libraries
-export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 M=models/$NAME

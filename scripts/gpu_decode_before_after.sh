@@ -3,8 +3,7 @@
 # .gpucarry/elastic_before is a build of the earlier commit, .gpucarry/elastic the current one (scripts/gpu_carry.sh,
 # then copy and strip the other build in). Qwen3-4B shape, random weights, full / hybrid 0.7 / ssa, 32 decode steps.
 set -u
-[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
-export LD_LIBRARY_PATH=$PWD/.gpucarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 for b in elastic_before elastic elastic_before elastic; do
   echo "== $b"

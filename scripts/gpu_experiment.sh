@@ -12,11 +12,7 @@
 # BUDGET (seconds for the whole script, default 570: the eval gets what is left, so the results always come back
 # within one 10-minute device call; an unfinished eval resumes with RESUME and ROUTER).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-O=${OUT:-/tmp}
-C=.gpucarry
-[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
-export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 M=models/$NAME

@@ -6,8 +6,7 @@ set -u
 O=$OUT
 TEST_TIMEOUT=${TEST_TIMEOUT:-240} SKIP_TRAIN=1 SKIP_BENCH=1 SKIP_HF=1 bash scripts/gpu_model.sh > $O/gpu_model.log 2>&1; echo "gpu_model rc=$?"
 tail -n 25 $O/gpu_model.log
-[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
-export LD_LIBRARY_PATH=$PWD/.gpucarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 for f in qwen3_gpu llama_gpu; do
   F=$O/fixtures/$f
   .gpucarry/elastic logits -m $F --ids $F/ids.npy -o $O/${f}_cpu.npy 2>&1 | tail -1

@@ -7,11 +7,7 @@
 # Env: LENGTHS (bench lengths), MODES, LONG_LENGTHS / LONG_MODES (a second bench pass, e.g. 64K-128K without the
 # XAttention estimate), TRAIN_LENGTHS, SKIP_TESTS=1, SKIP_HF=1, SKIP_BENCH=1, SKIP_TRAIN=1, REPS, GTEST_FILTER.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-O=${OUT:-/tmp}
-C=.gpucarry
-[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
-export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 LENGTHS=${LENGTHS:-"8192,16384,32768"}
 MODES=${MODES:-"full,ssa,xattn,hybrid@0.5,hybrid@0.7,hybrid@0.9"}
 REPS=${REPS:-2}

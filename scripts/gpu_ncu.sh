@@ -9,13 +9,9 @@
 #        KERNEL='attn_fwd_wgmmaILi128ELb1ELb0ELb1E' bash scripts/gpu_ncu.sh bench_attention_gpu --kernels 16384
 # Output: $OUT/ncu_<program>_<KERNEL with non-word characters as _>.txt and a summary on stdout.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 [ $# -ge 1 ] || { echo "usage: KERNEL=<regex> $0 <program> [args...]" >&2; exit 2; }
 [ -n "${KERNEL:-}" ] || { echo "$0: set KERNEL to a regex of the kernel's mangled name" >&2; exit 2; }
-O=${OUT:-/tmp}
-C=.gpucarry
-[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
-export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 prog=$1; shift
 f="$O/ncu_${prog}_$(echo "$KERNEL" | tr -c 'A-Za-z0-9\n' '_').txt"
 timeout "${NCU_TIMEOUT:-300}" ncu --clock-control none --kernel-name-base mangled -k "regex:$KERNEL" -c 1 \

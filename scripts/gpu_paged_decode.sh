@@ -4,10 +4,7 @@
 # shape, then every GPU test and the logits check (scripts/gpu_logits_check.sh). Binaries from .gpucarry
 # (scripts/gpu_carry.sh). Logs go to $OUT. DECODE_FLAG=--paged: only the paged table.
 set -u
-O=${OUT:-/tmp}
-C=.gpucarry
-[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
-export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$O/gpu_info.log"
 GTEST_FILTER='PagedDecodeCuda.*' timeout 120 $C/elastic_gpu_tests 2>&1 | tail -n 30 | tee "$O/paged_tests.log"
 timeout 200 $C/bench_attention_gpu ${DECODE_FLAG:---decode} ${LENGTHS:-8192 32768 131072} 2>&1 | tee "$O/decode_bench.md"

@@ -10,11 +10,7 @@
 # ELASTIC_ATTN_OPTS, ELASTIC_DECODE_LOADS, ELASTIC_DECODE_COMBINE and ELASTIC_DECODE_SPLIT pass through to every step (they change what the
 # Auto rows and the whole-model bench run).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-O=${OUT:-/tmp}
-C=.gpucarry
-[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry  # gpu_carry.sh packs the libraries
-export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 [ -n "${SKIP_DECODE:-}" ] || timeout 120 $C/bench_attention_gpu --decode ${DECODE_LENGTHS:-8192 16384 32768 65536 131072} | tee "$O/decode_kernel.md"
 [ -n "${SKIP_ATTN:-}" ] || timeout 240 $C/bench_attention_gpu ${ATTN_LENGTHS:-8192 32768 131072} | tee "$O/attention.md"
 [ -n "${SKIP_E2E:-}" ] || timeout 300 $C/elastic bench --device cuda --shape qwen3-4b -c "${BENCH_LENGTHS:-8k,32k}" \

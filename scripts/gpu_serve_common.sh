@@ -10,8 +10,7 @@ W=$(mktemp -d)
 # A server left running (the script cut by a timeout) would keep its GPU memory from the next one.
 trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT
 trap 'exit 143' TERM INT
-[ -d .gpucarry/lib ] || tar -xJf .gpucarry/lib.tar.xz -C .gpucarry
-export LD_LIBRARY_PATH=$PWD/.gpucarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 E=.gpucarry/elastic
 fp=$($E route init --shape "$SHAPE" --seed 7 --dense-bias "${ROUTER_BIAS:--0.1}" --block 128 \
        -o "$W/router.safetensors" 2>&1) || { echo "$fp" >&2; exit 1; }
