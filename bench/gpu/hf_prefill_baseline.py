@@ -9,6 +9,8 @@ import json
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from cuda_timing import event_times_ms
+
 SHAPES = {  # hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied (the configs' values)
     "qwen3-0.6b": (1024, 28, 16, 8, 128, 3072, 151936, True),
     "qwen3-4b": (2560, 36, 32, 8, 128, 9728, 151936, True),
@@ -39,17 +41,8 @@ def main():
             with torch.no_grad():
                 model(input_ids=ids, use_cache=True, logits_to_keep=1)
 
-        run()
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        ms = []
-        for _ in range(a.reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            run()
-            e.record()
-            e.synchronize()
-            ms.append(s.elapsed_time(e))
+        ms = event_times_ms(run, a.reps)  # its first run warms up, as before
         best = min(ms)
         print(json.dumps({"impl": "transformers-sdpa", "shape": a.shape, "layers": L, "ctx": T,
                           "prefill_ms": best, "prefill_tok_s": T / (best / 1e3),
