@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -149,27 +151,46 @@ json EvalSummary::to_json() const {
   return j;
 }
 
+namespace {
+
+// A table with a row per task x length and a column per method. lead gives a row's first cells ("| a | b |"); cell
+// gives a method's text for an existing cell, or nothing (shown "-"); a row without any text is left out.
+std::string method_table(const EvalSummary& s, const std::string& head, int lead_cols, const char* align,
+                         const std::function<std::string(const std::string&, int)>& lead,
+                         const std::function<std::optional<std::string>(const CellSummary&)>& cell) {
+  std::string o = head;
+  for (const auto& m : s.methods) o += " " + m + " |";
+  o += "\n|";
+  for (int i = 0; i < lead_cols; ++i) o += "---|";
+  for (size_t i = 0; i < s.methods.size(); ++i) o += std::string(align) + "|";
+  o += "\n";
+  for (const auto& t : s.tasks)
+    for (int L : s.lengths) {
+      bool any = false;
+      std::string row = lead(t, L);
+      for (const auto& m : s.methods) {
+        const CellSummary* c = s.find(m, t, L);
+        const std::optional<std::string> text = c ? cell(*c) : std::nullopt;
+        any = any || text;
+        row += " " + text.value_or("-") + " |";
+      }
+      if (any) o += row + "\n";
+    }
+  return o;
+}
+
+}  // namespace
+
 std::string markdown_report(const EvalSummary& s) {
   std::string o = "# Elastic long-context evaluation (RULER-style)\n\n";
   o += "Scores are 0-100: string_match_all / string_match_part x 100 (RULER), and for likelihood tasks "
        "100 x exp(mean reference log-prob). Each cell is the mean over samples.\n\n";
   o += "## Score per task x length\n\nsplit: `train` = a task of the router's built-in training mix, `held-out` = "
-       "one it never trained on (tasks.h).\n\n| task | split | length |";
-  for (const auto& m : s.methods) o += " " + m + " |";
-  o += "\n|---|---|---|";
-  for (size_t i = 0; i < s.methods.size(); ++i) o += "---:|";
-  o += "\n";
-  for (const auto& t : s.tasks)
-    for (int L : s.lengths) {
-      bool any = false;
-      std::string row = "| " + t + " | " + task_split(t) + " | " + len_label(L) + " |";
-      for (const auto& m : s.methods) {
-        const CellSummary* c = s.find(m, t, L);
-        any = any || c;
-        row += " " + (c ? f2(c->score) : std::string("-")) + " |";
-      }
-      if (any) o += row + "\n";
-    }
+       "one it never trained on (tasks.h).\n\n";
+  o += method_table(
+      s, "| task | split | length |", 3, "---:",
+      [](const std::string& t, int L) { return "| " + t + " | " + task_split(t) + " | " + len_label(L) + " |"; },
+      [](const CellSummary& c) -> std::optional<std::string> { return f2(c.score); });
   // Averages over every task, then over each split alone.
   for (const char* split : {"all", "train", "held-out"})
     for (int L : s.lengths) {
@@ -196,40 +217,18 @@ std::string markdown_report(const EvalSummary& s) {
   bool any_lik = false;
   for (const CellSummary& c : s.cells) any_lik = any_lik || c.metric == "likelihood";
   if (any_lik) {
-    o += "\n## Likelihood tasks (mean reference log-prob / greedy-token accuracy)\n\n| task | length |";
-    for (const auto& m : s.methods) o += " " + m + " |";
-    o += "\n|---|---|";
-    for (size_t i = 0; i < s.methods.size(); ++i) o += "---|";
-    o += "\n";
-    for (const auto& t : s.tasks)
-      for (int L : s.lengths) {
-        bool any = false;
-        std::string row = "| " + t + " | " + len_label(L) + " |";
-        for (const auto& m : s.methods) {
-          const CellSummary* c = s.find(m, t, L);
-          const bool lik = c && c->metric == "likelihood";
-          any = any || lik;
-          row += " " + (lik ? f3(c->logprob) + " / " + f3(c->greedy_acc) : std::string("-")) + " |";
-        }
-        if (any) o += row + "\n";
-      }
+    o += "\n## Likelihood tasks (mean reference log-prob / greedy-token accuracy)\n\n";
+    o += method_table(s, "| task | length |", 2, "---", [](const std::string& t, int L) { return "| " + t + " | " + len_label(L) + " |"; },
+                      [](const CellSummary& c) -> std::optional<std::string> {
+                        if (c.metric != "likelihood") return std::nullopt;
+                        return f3(c.logprob) + " / " + f3(c.greedy_acc);
+                      });
   }
-  o += "\n## Sparsity per task x length (Omega_MSR / Omega_ESR / FLOPs vs full / wall s)\n\n| task | length |";
-  for (const auto& m : s.methods) o += " " + m + " |";
-  o += "\n|---|---|";
-  for (size_t i = 0; i < s.methods.size(); ++i) o += "---|";
-  o += "\n";
-  for (const auto& t : s.tasks)
-    for (int L : s.lengths) {
-      bool any = false;
-      std::string row = "| " + t + " | " + len_label(L) + " |";
-      for (const auto& m : s.methods) {
-        const CellSummary* c = s.find(m, t, L);
-        any = any || c;
-        row += " " + (c ? f2(c->msr) + " / " + f2(c->esr) + " / " + f2(c->flops) + " / " + f2(c->wall_s) : "-") + " |";
-      }
-      if (any) o += row + "\n";
-    }
+  o += "\n## Sparsity per task x length (Omega_MSR / Omega_ESR / FLOPs vs full / wall s)\n\n";
+  o += method_table(s, "| task | length |", 2, "---", [](const std::string& t, int L) { return "| " + t + " | " + len_label(L) + " |"; },
+                    [](const CellSummary& c) -> std::optional<std::string> {
+                      return f2(c.msr) + " / " + f2(c.esr) + " / " + f2(c.flops) + " / " + f2(c.wall_s);
+                    });
   return o;
 }
 
