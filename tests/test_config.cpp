@@ -78,6 +78,14 @@ TEST(Config, Errors) {
   j = qwen3();
   j["hidden_act"] = "gelu";
   EXPECT_NE(error_of(j).find("hidden_act"), std::string::npos);
+  // String fields of another type (found by elastic_fuzz's type swaps): named, not a library type_error.
+  j = qwen3();
+  j["hidden_act"] = 5;
+  EXPECT_NE(error_of(j).find("cfg.json: field 'hidden_act' must be a string, got 5"), std::string::npos)
+      << error_of(j);
+  j = qwen3();
+  j["rope_scaling"] = {{"rope_type", json::array()}, {"factor", 4.0}};
+  EXPECT_NE(error_of(j).find("field 'rope_type' must be a string"), std::string::npos) << error_of(j);
   EXPECT_THROW(load_config("/nonexistent/config.json"), std::runtime_error);
 }
 

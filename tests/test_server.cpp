@@ -711,6 +711,11 @@ TEST_F(ServerHttp, BadRequestsGet4xxAndServerKeepsServing) {
       {"/v1/chat/completions", R"({"messages": [{"role": "user"}]})", 400, "message without content"},
       {"/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})", 400, "unknown role"},
       {"/v1/chat/completions", R"({"prompt": "x"})", 400, "chat without messages"},
+      // Found by elastic_fuzz's openai_request target: a part's "type" that is not a string was answered with 500.
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": [{"type": 5, "text": "a"}]}]})", 400,
+       "content part with a non-string type"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": [{"type": "text", "text": 7}]}]})", 400,
+       "content part with a non-string text"},
       {"/detokenize", R"({"tokens": [-1]})", 400, "negative token id"},
       {"/tokenize", R"({"prompt": 3})", 400, "tokenize prompt of the wrong type"},
       {"/v1/completions", "{\"prompt\": \"" + std::string(70 * 1024, 'a') + "\"}", 413, "oversized body"},

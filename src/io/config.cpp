@@ -62,6 +62,14 @@ void parse_eos(const json& e, std::vector<int>& ids, const std::string& src) {
   ids.push_back(static_cast<int>(e.get<long long>()));
 }
 
+// json::value() would throw a bare library type_error for a field of another type: check it and name the field.
+std::string get_str(const json& j, const char* key, const std::string& src, const std::string& dflt) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  if (!it->is_string()) fail(src, std::string("field '") + key + "' must be a string, got " + it->dump());
+  return it->get<std::string>();
+}
+
 bool get_bool(const json& j, const char* key, const std::string& src, bool dflt) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;
@@ -72,7 +80,7 @@ bool get_bool(const json& j, const char* key, const std::string& src, bool dflt)
 void parse_rope_scaling(const json& rs, RopeConfig& rope, const std::string& src) {
   if (rs.is_null()) return;
   if (!rs.is_object()) fail(src, "rope_scaling must be an object or null");
-  std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
+  const std::string type = get_str(rs, "rope_type", src, get_str(rs, "type", src, "default"));
   if (type == "default") return;
   if (type != "llama3")
     fail(src, "unsupported rope_scaling type '" + type + "' (supported: default, llama3)");
@@ -128,7 +136,7 @@ ModelConfig parse_config(const json& j, const std::string& src) {
   c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, false);
   c.attention_bias = get_bool(j, "attention_bias", src, false);
   if (get_bool(j, "mlp_bias", src, false)) fail(src, "unsupported field: mlp_bias = true");
-  std::string act = j.value("hidden_act", std::string("silu"));
+  const std::string act = get_str(j, "hidden_act", src, "silu");
   if (act != "silu") fail(src, "unsupported hidden_act '" + act + "' (only silu)");
   if (get_bool(j, "use_sliding_window", src, false)) fail(src, "unsupported field: use_sliding_window = true");
 

@@ -200,10 +200,14 @@ GenSpec parse_chat_request(const json& b) {
       cm.content = content->get<std::string>();
     } else if (content->is_array()) {  // [{"type":"text","text":"..."}]: text parts are joined
       for (const json& part : *content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+        // Every test reads a field only after checking its type: json::value() on a "type" that is not a string
+        // throws a library type_error, which the server would answer as 500.
+        const json* type = part.is_object() ? get(part, "type") : nullptr;
+        const json* text = part.is_object() ? get(part, "text") : nullptr;
+        if (!type || !type->is_string() || *type != "text" || !text || !text->is_string())
           throw ApiError(400, "'" + at + ".content' parts must be {\"type\": \"text\", \"text\": string}",
                          at + ".content", "invalid_type");
-        cm.content += part["text"].get<std::string>();
+        cm.content += text->get<std::string>();
       }
     } else {
       bad_type(at + ".content", "a string or a list of text parts", *content);

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "elastic/attention.h"
+#include "elastic/chat_template.h"
 #include "elastic/config.h"
 #include "elastic/csv_table.h"
 #include "elastic/gguf.h"
@@ -24,6 +25,7 @@
 #include "elastic/tokenizer.h"
 #include "elastic/train.h"
 #include "../byte_level.h"
+#include "server/server_internal.h"
 
 namespace elastic::fuzz {
 namespace {
@@ -294,6 +296,61 @@ Target csv_target() {
   return t;
 }
 
+
+// HTTP request bodies (the server's hostile input): the JSON reader, both endpoints' request parsers on every body
+// (a client may send anything to either), then what a chat request becomes before it is queued: its prompt ids
+// through a Qwen3 chat template and a tokenizer. A refusal must be an ApiError with status 400 (the server answers
+// anything else as 500); a parsed request must render, or be refused by the template with its own error.
+Target openai_request_target(const std::string& scratch) {
+  Target t{"openai_request", true, false, {}, {}};
+  t.seeds = {
+      R"({"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],)"
+      R"( "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 3, "stop": ["\n", "END"],)"
+      R"( "stream": true, "stream_options": {"include_usage": true}})",
+      R"({"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},)"
+      R"( {"role": "assistant", "content": "<|im_start|>x"}, {"role": "user", "content": "\u00e9"}],)"
+      R"( "max_completion_tokens": 4, "ignore_eos": true, "return_token_ids": false, "n": 1})",
+      R"({"prompt": "hello world", "max_tokens": 8, "stop": "x", "temperature": 0})",
+      R"({"prompt": [1, 2, 300, 301], "seed": -5, "top_k": -1})",
+      R"({"prompt": ["one prompt"], "model": "m", "stream": false})",
+  };
+  const std::string tok_path = (fs::path(scratch) / "request_tokenizer.json").string();
+  std::ofstream(tok_path) << tiny_tokenizer().dump();
+  auto tok = std::make_shared<Tokenizer>(Tokenizer::from_file(tok_path));
+  auto tmpl = std::make_shared<ChatTemplate>(ChatTemplate::from_string(
+      "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n'}}{% endfor %}"
+      "{% if add_generation_prompt %}{{'<|im_start|>assistant\n<think>\n\n</think>\n\n'}}{% endif %}"));
+  t.run = [tok, tmpl](const std::string& path) {
+    auto refused_right = [](const server::ApiError& e) {
+      if (e.status != 400)
+        throw std::logic_error("a request refused with status " + std::to_string(e.status) + ": " + e.what());
+    };
+    nlohmann::json body;
+    try {
+      body = server::parse_json_body(slurp(path));
+    } catch (const server::ApiError& e) {
+      refused_right(e);
+      return;
+    }
+    bool completion_ok = true;
+    try {
+      server::parse_completion_request(body);
+    } catch (const server::ApiError& e) {
+      refused_right(e);
+      completion_ok = false;
+    }
+    server::GenSpec chat;
+    try {
+      chat = server::parse_chat_request(body);
+    } catch (const server::ApiError& e) {
+      refused_right(e);
+      if (!completion_ok) throw;  // refused by both: counted as not accepted (a right refusal, not a failure)
+      return;
+    }
+    for (bool special : {false, true}) tmpl->encode(*tok, chat.messages, true, special);
+  };
+  return t;
+}
 }  // namespace
 
 std::vector<Target> make_targets(const std::string& fixtures, const std::string& scratch) {
@@ -308,6 +365,7 @@ std::vector<Target> make_targets(const std::string& fixtures, const std::string&
   out.push_back(train_data_target(scratch));
   out.push_back(routing_target(scratch));
   out.push_back(csv_target());
+  out.push_back(openai_request_target(scratch));
   return out;
 }
 

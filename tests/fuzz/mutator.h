@@ -3,8 +3,8 @@
 // (clang is not among the packages scripts/setup.sh installs), so this does what matters for file formats by hand:
 // byte flips, random and "interesting" bytes and integers (0, -1, 2^31, 2^63, ...) at any or aligned offsets,
 // insertions, deletions, duplications, truncation, splices with another seed, and for text formats numbers replaced
-// by hostile ones (-5, 1e400, 4294967301, 18446744073709551615) and runs of nesting ('[' x 100,000). Everything
-// comes from one seeded generator, so a run is reproducible from its seed.
+// by hostile ones (-5, 1e400, 4294967301, 18446744073709551615), values swapped for another type and runs of
+// nesting ('[' x 100,000). Everything comes from one seeded generator, so a run is reproducible from its seed.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -32,7 +32,7 @@ class Mutator {
 
  private:
   void mutate_once(Bytes& b, const std::vector<Bytes>& seeds, bool text) {
-    switch (below(text ? 13 : 10)) {
+    switch (below(text ? 14 : 10)) {
       case 0: flip_bit(b); break;
       case 1: set_byte(b); break;
       case 2: insert_random(b); break;
@@ -46,6 +46,7 @@ class Mutator {
       case 10: replace_number(b); break;
       case 11: insert_token(b); break;
       case 12: insert_nesting(b); break;
+      case 13: swap_value_type(b); break;
     }
   }
 
@@ -116,6 +117,32 @@ class Mutator {
                                     "\"Sequence\"", "\"type\"", "{\"type\":\"Sequence\",\"pretokenizers\":[",
                                     "\"shape\"", "'shape': (", "True", "False", "\"__metadata__\""};
     b.insert(pos(b), kTokens[below(sizeof kTokens / sizeof kTokens[0])]);
+  }
+  // Text: a quoted string or a number replaced by a value of another type, so a field that a parser reads without
+  // checking its type gets the wrong one (a content part's "type": 5 once reached a library type_error this way).
+  void swap_value_type(Bytes& b) {
+    static const char* kValues[] = {"5", "-1", "1.5", "\"s\"", "\"\"", "true", "null", "[]", "{}", "[1]",
+                                    "[\"a\"]", "{\"a\":1}"};
+    std::vector<std::pair<size_t, size_t>> spans;  // [begin, end) of each string (quotes included) and number
+    for (size_t i = 0; i < b.size();) {
+      if (b[i] == '"') {
+        size_t e = i + 1;
+        while (e < b.size() && b[e] != '"') e += b[e] == '\\' ? 2 : 1;
+        if (e >= b.size()) break;
+        spans.emplace_back(i, e + 1);
+        i = e + 1;
+      } else if ((b[i] >= '0' && b[i] <= '9') || b[i] == '-') {
+        size_t e = i + 1;
+        while (e < b.size() && ((b[e] >= '0' && b[e] <= '9') || b[e] == '.' || b[e] == 'e' || b[e] == 'E')) ++e;
+        spans.emplace_back(i, e);
+        i = e;
+      } else {
+        ++i;
+      }
+    }
+    if (spans.empty()) return;
+    const auto [s, e] = spans[below(spans.size())];
+    b.replace(s, e - s, kValues[below(sizeof kValues / sizeof kValues[0])]);
   }
   // Text: a run of '[' or '{' (up to 100,000: deeper than any recursive parser's stack).
   void insert_nesting(Bytes& b) {
