@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -476,14 +477,18 @@ TEST(GgufModelTest, MissingOrMisshapenTensorsAndBadMetadata) {
   write_model_gguf(ref, p, {});
   File f = File::open(p);
   // Rewrite with a wrong shape / unknown architecture / a missing required key, from the parsed file.
-  auto rewrite = [&](const std::string& skip_key, const std::string& arch, bool bad_shape) {
+  auto rewrite = [&](const std::string& skip_key, const std::string& arch, bool bad_shape,
+                     const std::map<std::string, Value>& set = {}) {
     Writer w;
     for (auto& [k, v] : f.metadata()) {
       if (k == skip_key) continue;
       Value x = v;
       if (k == "general.architecture") x.s = arch;
+      if (auto it = set.find(k); it != set.end()) x = it->second;
       w.set(k, x);
     }
+    for (auto& [k, v] : set)
+      if (!f.find(k)) w.set(k, v);
     for (auto& t : f.tensors()) {
       std::vector<float> v = f.dequantize(t);
       auto dims = t.dims;
@@ -498,6 +503,22 @@ TEST(GgufModelTest, MissingOrMisshapenTensorsAndBadMetadata) {
   expect_error([&] { Model::load_gguf(p); }, {p, "missing metadata 'llama.block_count'"});
   rewrite("", "gptx", false);
   expect_error([&] { Model::load_gguf(p); }, {p, "unsupported general.architecture 'gptx'"});
+
+  // Found by review: sizes were capped only at 2^31 - 1, so a block_count of 2^31 - 1 resized the layer list before
+  // any blk.N tensor was looked up (std::bad_alloc); the bounds are now config.json's (config_limits). And floats
+  // outside float's range (undefined narrowing) or NaN (which passed the `<= 0` test) are refused.
+  auto u32 = [](int64_t v) { Value x; x.type = ValueType::U32; x.i = v; x.u = static_cast<uint64_t>(v); x.f = double(v); return x; };
+  auto f64 = [](double v) { Value x; x.type = ValueType::F64; x.f = v; return x; };
+  rewrite("", "llama", false, {{"llama.block_count", u32(2147483647)}});
+  expect_error([&] { Model::load_gguf(p); }, {p, "metadata 'llama.block_count' out of range: 2147483647 (1 to 4096)"});
+  rewrite("", "llama", false, {{"llama.embedding_length", u32(1 << 21)}});
+  expect_error([&] { Model::load_gguf(p); }, {p, "metadata 'llama.embedding_length' out of range"});
+  rewrite("", "llama", false, {{"llama.attention.layer_norm_rms_epsilon", f64(1e300)}});
+  expect_error([&] { Model::load_gguf(p); }, {p, "metadata 'llama.attention.layer_norm_rms_epsilon' out of range"});
+  rewrite("", "llama", false, {{"llama.rope.freq_base", f64(std::nan(""))}});
+  expect_error([&] { Model::load_gguf(p); }, {p, "metadata 'llama.rope.freq_base' out of range"});
+  rewrite("", "llama", false, {{"tokenizer.ggml.eos_token_id", u32(4294967295LL)}});
+  expect_error([&] { Model::load_gguf(p); }, {p, "metadata 'tokenizer.ggml.eos_token_id' out of range"});
 }
 
 // ---------------------------------------------------------------- tokenizer

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "elastic/generate.h"
@@ -49,4 +51,30 @@ TEST(Sampler, SameSeedSameDraws) {
   for (size_t i = 0; i < lg.size(); ++i) lg[i] = std::sin(0.37f * i) * 3;
   Sampler a(SamplerParams{0.9f, 0, 0.95f, 42}), b(SamplerParams{0.9f, 0, 0.95f, 42});
   for (int i = 0; i < 100; ++i) EXPECT_EQ(a.sample(lg.data(), 1000), b.sample(lg.data(), 1000));
+}
+
+// Found by review: an +inf or NaN logit (an overflowed model) left the top-p path an empty candidate list, which it
+// indexed (a crash of the server's engine thread). Every path now refuses such logits by name.
+TEST(Sampler, NonFiniteLogitsAreRefusedByName) {
+  const float inf = INFINITY, nan = NAN;
+  const std::vector<std::vector<float>> bad = {{0.f, inf, 1.f}, {nan, 0.f, 1.f}, {-inf, -inf, -inf}};
+  const std::vector<SamplerParams> params = {SamplerParams{}, SamplerParams{1.f, 0, 0.5f, 1},
+                                             SamplerParams{1.f, 2, 1.f, 1}, SamplerParams{0.7f, 0, 1.f, 1}};
+  for (const auto& lg : bad)
+    for (const SamplerParams& p : params) {
+      Sampler s(p);
+      try {
+        s.sample(lg.data(), 3);
+        ADD_FAILURE() << "accepted non-finite logits at temperature " << p.temperature << ", top_p " << p.top_p;
+      } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("sampler: "), std::string::npos) << e.what();
+      }
+    }
+  // -inf beside finite logits is a mask, not an error: the masked ids are never drawn.
+  const std::vector<float> masked = {-inf, 1.f, -inf, 0.f};
+  Sampler s(SamplerParams{1.f, 0, 0.9f, 3});
+  for (int i = 0; i < 200; ++i) {
+    const int t = s.sample(masked.data(), 4);
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
 }

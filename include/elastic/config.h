@@ -36,6 +36,18 @@ struct ModelConfig {
   std::vector<int> eos_ids;
 };
 
+// Upper bounds on the sizes a model's metadata gives (config.json and GGUF alike), far above any released model
+// (Llama-3.1-405B: hidden 16384, intermediate 53248, 126 layers, 128 heads; Gemma 3: vocabulary 262,144): the loaders
+// allocate per layer and per token before the checkpoint's shapes can contradict the metadata, so an absurd value must
+// stop at the metadata.
+namespace config_limits {
+constexpr long long kMaxWidth = 1 << 20;       // hidden_size, intermediate_size
+constexpr long long kMaxLayers = 4096;         // num_hidden_layers
+constexpr long long kMaxHeads = 4096;          // attention heads, KV heads, head_dim
+constexpr long long kMaxVocab = 1 << 24;       // vocab_size
+constexpr long long kMaxInt = (1LL << 31) - 1;  // positions and token ids: only an int
+}  // namespace config_limits
+
 // Throws std::runtime_error naming `source` and the offending field.
 ModelConfig parse_config(const nlohmann::json& j, const std::string& source);
 ModelConfig load_config(const std::string& config_json_path);

@@ -16,14 +16,7 @@ using nlohmann::json;
   throw std::runtime_error(source + ": " + what);
 }
 
-// Upper bounds on the sizes a config gives, far above any released model (Llama-3.1-405B: hidden 16384,
-// intermediate 53248, 126 layers, 128 heads; Gemma 3: vocabulary 262,144): the loader allocates per layer and per
-// token before the checkpoint's shapes can contradict the config, so an absurd value must stop here.
-constexpr long long kMaxWidth = 1 << 20;       // hidden_size, intermediate_size
-constexpr long long kMaxLayers = 4096;         // num_hidden_layers
-constexpr long long kMaxHeads = 4096;          // attention heads, KV heads, head_dim
-constexpr long long kMaxVocab = 1 << 24;       // vocab_size
-constexpr long long kMaxInt = (1LL << 31) - 1;  // positions: only an int
+using namespace config_limits;
 
 int get_int(const json& j, const char* key, const std::string& src, long long max, bool required = true,
             int dflt = 0) {

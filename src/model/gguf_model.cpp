@@ -23,14 +23,26 @@ namespace {
 using gguf::File;
 using gguf::TensorInfo;
 
-int meta_int(const File& f, const std::string& key, bool required, int dflt) {
+// A positive size of at most `max` (config_limits: the same bounds as config.json's).
+int meta_int(const File& f, const std::string& key, bool required, int dflt, long long max = config_limits::kMaxInt) {
   if (!f.find(key)) {
     if (required) f.fail("missing metadata '" + key + "'");
     return dflt;
   }
   const int64_t v = f.get_int(key);
-  if (v <= 0 || v > (1LL << 31) - 1) f.fail("metadata '" + key + "' out of range: " + std::to_string(v));
+  if (v <= 0 || v > max)
+    f.fail("metadata '" + key + "' out of range: " + std::to_string(v) + " (1 to " + std::to_string(max) + ")");
   return static_cast<int>(v);
+}
+
+// A finite float in [lo, hi]: the narrowing to float of a larger double is undefined, and NaN passes `<= 0` tests.
+double meta_float(const File& f, const std::string& key, double dflt, double lo, double hi) {
+  if (!f.find(key)) return dflt;
+  const double v = f.get_float(key);
+  if (!(std::isfinite(v) && v >= lo && v <= hi))
+    f.fail("metadata '" + key + "' out of range: " + std::to_string(v) + " (" + std::to_string(lo) + " to " +
+           std::to_string(hi) + ")");
+  return v;
 }
 
 const TensorInfo& checked(const File& f, const std::string& name, const std::vector<int64_t>& dims) {
@@ -97,15 +109,16 @@ ModelConfig read_config(const File& f) {
     f.fail("unsupported general.architecture '" + arch + "' (supported: llama, qwen3)");
   }
   const std::string p = arch + ".";
-  c.hidden = meta_int(f, p + "embedding_length", true, 0);
-  c.n_layers = meta_int(f, p + "block_count", true, 0);
-  c.n_heads = meta_int(f, p + "attention.head_count", true, 0);
-  c.n_kv_heads = meta_int(f, p + "attention.head_count_kv", false, c.n_heads);
-  c.intermediate = meta_int(f, p + "feed_forward_length", true, 0);
+  using namespace config_limits;
+  c.hidden = meta_int(f, p + "embedding_length", true, 0, kMaxWidth);
+  c.n_layers = meta_int(f, p + "block_count", true, 0, kMaxLayers);
+  c.n_heads = meta_int(f, p + "attention.head_count", true, 0, kMaxHeads);
+  c.n_kv_heads = meta_int(f, p + "attention.head_count_kv", false, c.n_heads, kMaxHeads);
+  c.intermediate = meta_int(f, p + "feed_forward_length", true, 0, kMaxWidth);
   c.max_positions = meta_int(f, p + "context_length", false, 32768);
   if (c.hidden % c.n_heads && !f.find(p + "attention.key_length"))
     f.fail(p + "embedding_length not divisible by head_count and no attention.key_length");
-  c.head_dim = meta_int(f, p + "attention.key_length", false, c.hidden / c.n_heads);
+  c.head_dim = meta_int(f, p + "attention.key_length", false, c.hidden / c.n_heads, kMaxHeads);
   if (meta_int(f, p + "attention.value_length", false, c.head_dim) != c.head_dim)
     f.fail(p + "attention.value_length differs from key_length (unsupported)");
   if (c.head_dim % 2) f.fail("head_dim must be even for RoPE, got " + std::to_string(c.head_dim));
@@ -114,11 +127,8 @@ ModelConfig read_config(const File& f) {
            std::to_string(c.n_kv_heads) + ")");
   if (meta_int(f, p + "rope.dimension_count", false, c.head_dim) != c.head_dim)
     f.fail(p + "rope.dimension_count differs from head_dim (partial rotary is unsupported)");
-  c.rms_eps = f.find(p + "attention.layer_norm_rms_epsilon")
-                  ? static_cast<float>(f.get_float(p + "attention.layer_norm_rms_epsilon"))
-                  : 1e-6f;
-  c.rope.theta = f.find(p + "rope.freq_base") ? f.get_float(p + "rope.freq_base") : 10000.0;
-  if (c.rope.theta <= 0) f.fail(p + "rope.freq_base must be positive");
+  c.rms_eps = static_cast<float>(meta_float(f, p + "attention.layer_norm_rms_epsilon", 1e-6, 0.0, 1.0));
+  c.rope.theta = meta_float(f, p + "rope.freq_base", 10000.0, 1e-30, 1e30);
   if (f.find(p + "rope.scaling.type")) {
     const std::string st = f.get_string(p + "rope.scaling.type");
     if (st != "none") f.fail("unsupported " + p + "rope.scaling.type '" + st + "' (supported: none; llama3 via rope_freqs)");
@@ -126,12 +136,17 @@ ModelConfig read_config(const File& f) {
   // Vocabulary: metadata when present, else the embedding's row count.
   const TensorInfo& emb = f.tensor("token_embd.weight");
   if (emb.dims.size() != 2) f.fail("tensor 'token_embd.weight' must be 2-D");
-  c.vocab = f.find(p + "vocab_size") ? meta_int(f, p + "vocab_size", true, 0) : static_cast<int>(emb.dims[1]);
+  if (emb.dims[1] <= 0 || emb.dims[1] > kMaxVocab)
+    f.fail("tensor 'token_embd.weight' has " + std::to_string(emb.dims[1]) + " rows (1 to " +
+           std::to_string(kMaxVocab) + ")");
+  c.vocab = f.find(p + "vocab_size") ? meta_int(f, p + "vocab_size", true, 0, kMaxVocab) : static_cast<int>(emb.dims[1]);
   c.tie_embeddings = f.find_tensor("output.weight") == nullptr;
   c.attention_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
   for (const char* k : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
     if (f.find(k)) {
-      const int id = static_cast<int>(f.get_int(k));
+      const int64_t id64 = f.get_int(k);
+      if (id64 < 0 || id64 > kMaxInt) f.fail("metadata '" + std::string(k) + "' out of range: " + std::to_string(id64));
+      const int id = static_cast<int>(id64);
       bool seen = false;
       for (int e : c.eos_ids) seen |= e == id;
       if (!seen) c.eos_ids.push_back(id);

@@ -1,12 +1,35 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 
 #include "elastic/generate.h"
 
 namespace elastic {
 
+namespace {
+
+// Logits holding NaN or +inf (weights or activations that overflowed), or only -inf, define no distribution: the
+// top-p path once indexed an empty candidate list on them, and argmax returned an arbitrary id. A finite logit, or
+// -inf (a masked id) beside at least one finite one, is what sampling needs.
+void check_logits(const float* logits, int vocab) {
+  if (vocab <= 0) throw std::invalid_argument("sampler: no logits (vocabulary size " + std::to_string(vocab) + ")");
+  bool any_finite = false;
+  for (int i = 0; i < vocab; ++i) {
+    const float v = logits[i];
+    if (std::isnan(v) || v == INFINITY)
+      throw std::runtime_error("sampler: logit of token " + std::to_string(i) + " is " + (std::isnan(v) ? "NaN" : "+inf") +
+                               ": the model's weights or activations overflowed");
+    any_finite = any_finite || v != -INFINITY;
+  }
+  if (!any_finite) throw std::runtime_error("sampler: every logit is -inf: there is no token to choose");
+}
+
+}  // namespace
+
 int32_t Sampler::sample(const float* logits, int vocab) {
+  check_logits(logits, vocab);
   if (p_.temperature <= 0.f)
     return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);  // first max, like torch.argmax
   // Only top-k and top-p need the candidates in order; plain temperature sampling draws in id order (no sort of a
