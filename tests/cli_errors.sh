@@ -91,7 +91,14 @@ expect_fail "--y-label" $BIN plot $TMP/p.csv -o $TMP/b.svg
 expect_fail "cannot write SVG" $BIN plot $TMP/p.csv -o $TMP/no/dir/p.svg --y-label y
 printf 'T,ours\n0,1\n' > $TMP/zero.csv
 expect_fail "--log2-x needs x > 0" $BIN plot $TMP/zero.csv -o $TMP/z.svg --y-label y --log2-x
+# Found by review: the tick loop of a fitted y axis never ended when the values' spread was below the doubles'
+# resolution at their size (1e17 and 1e17 + 16); the chart must now be written, and quickly.
+printf 'x,y\n1,100000000000000000\n2,100000000000000016\n' > $TMP/flat.csv
+if ! timeout 20 $BIN plot $TMP/flat.csv -o $TMP/flat.svg --y-label y --y-fit > /dev/null 2>&1; then
+  echo "FAIL: plot --y-fit of values 16 apart near 1e17 did not finish in 20 s or failed"; fails=$((fails+1))
+fi
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
+expect_fail "'nan' is not a finite number" $BIN bench --kv-pool-gib nan
 expect_fail "--batch, --kv-pool-gib, --batch-invariant, --small-m-rows and --fuse-norms need --device cuda" $BIN bench --batch 8
 expect_fail "--fuse-norms need --device cuda" $BIN bench --small-m-rows 4
 expect_fail "--fuse-norms need --device cuda" $BIN bench --fuse-norms

@@ -389,6 +389,10 @@ TEST(EvalPlots, ParetoFrontAndShapes) {
   write_line_chart_svg(path, "t", "x", "y", {{std::string(60, 'a'), {1, 2}, {1, 2}}});
   EXPECT_NE(read_file(path).find("width=\"994\""), std::string::npos);
   EXPECT_THROW(write_scatter_svg("/nonexistent/dir/x.svg", "t", "x", "y", p), std::runtime_error);
+  // Found by review: y values near 1e17 that differ by 16, fitted (not from zero), gave a tick step below the
+  // doubles' resolution there, and the tick loop never ended (growing its list until memory ran out).
+  write_line_chart_svg(path, "t", "x", "y", {{"s", {1, 2}, {1e17, 1e17 + 16}}}, false, false);
+  EXPECT_NE(read_file(path).find("</svg>"), std::string::npos);
   fs::remove(path);
 }
 
@@ -461,5 +465,39 @@ TEST_F(EvalRun, SampleFiguresAreThePromptsPrefill) {
     EXPECT_NEAR(got.flops, want.flops_ratio(), 1e-12) << task;
     EXPECT_NEAR(got.esr, want.esr(), 1e-12) << task;
     EXPECT_GT(got.esr, 0.0) << task;
+  }
+}
+
+// Found by review: a resumed results.jsonl row with a float where an integer belongs ("length": 1e300) went through
+// get<int>(), an unchecked and undefined cast; a results path that is a folder failed with a message naming no path.
+TEST(EvalResults, HostileRowsAndPathsAreRefusedByName) {
+  const nlohmann::json ok = {{"method", "full"}, {"task", "qa_1"},   {"class", "qa"}, {"metric", "match"},
+                             {"length", 128},    {"sample", 0},      {"score", 50.0}, {"msr", 0.0},
+                             {"esr", 0.0},       {"flops", 1.0},     {"wall_s", 0.1}, {"prediction_ids", {1, 2}}};
+  EXPECT_EQ(SampleResult::from_json(ok, "r.jsonl:1").prediction_ids.size(), 2u);
+  auto error_of = [](const nlohmann::json& j) -> std::string {
+    try {
+      SampleResult::from_json(j, "r.jsonl:1");
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  for (const auto& [key, bad] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"length", 1e300}, {"sample", 2.5}, {"length", 4294967301LL}, {"new_tokens", -1e20},
+           {"n_layers", "two"}, {"prediction_ids", {1, 1e300}}}) {
+    nlohmann::json j = ok;
+    j[key] = bad;
+    const std::string e = error_of(j);
+    EXPECT_NE(e.find("r.jsonl:1: '" + key + "' must be an integer in the int32 range"), std::string::npos)
+        << key << " = " << bad.dump() << ": " << e;
+  }
+  const std::string folder = ::testing::TempDir() + "/results_is_a_folder.jsonl";
+  std::filesystem::create_directories(folder);
+  try {
+    load_results(folder);
+    ADD_FAILURE() << "a folder was read as results";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(folder + ": is a folder"), std::string::npos) << e.what();
   }
 }

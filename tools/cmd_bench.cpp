@@ -215,7 +215,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       ->check(in_range(1, 256));  // cuda::kMaxGpuSlots (the header needs CUDA; the GPU model refuses more too)
   sub->add_option("--kv-pool-gib", o->kv_pool_gib,
                   "GPU: KV page pool (default: --batch sequences, every head full, at the longest row)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(in_range(0.0, 1e6));  // CLI11's Range lets nan through
   sub->add_flag("--batch-invariant", o->batch_invariant,
                "GPU: decode as the server does, rows bitwise equal alone and batched (GpuOptions::batch_invariant)");
   sub->add_option("--small-m-rows", o->small_m_rows,

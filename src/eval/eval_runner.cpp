@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -204,13 +205,23 @@ SampleResult SampleResult::from_json(const json& j, const std::string& where) {
     if (!j.contains(k)) throw std::runtime_error(where + ": missing '" + k + "'");
     return j[k];
   };
+  // get<int>() of a float (1e300) is an unchecked cast, undefined out of range: integers are checked by hand.
+  auto as_int = [&](const json& v, const std::string& k) -> int {
+    const bool ok = v.is_number_integer() &&
+                    (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT32_MAX)
+                                            : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX);
+    if (!ok) throw std::runtime_error(where + ": '" + k + "' must be an integer in the int32 range, got " + v.dump(
+                                                  -1, ' ', false, json::error_handler_t::replace));
+    return static_cast<int>(v.get<int64_t>());
+  };
+  auto opt_int = [&](const char* k) { return j.contains(k) && !j[k].is_null() ? as_int(j[k], k) : 0; };
   try {
     r.method = need("method").get<std::string>();
     r.task = need("task").get<std::string>();
     r.task_class = need("class").get<std::string>();
     r.metric = need("metric").get<std::string>();
-    r.length = need("length").get<int>();
-    r.sample = need("sample").get<int>();
+    r.length = as_int(need("length"), "length");
+    r.sample = as_int(need("sample"), "sample");
     r.score = need("score").get<double>();
     r.msr = need("msr").get<double>();
     // null: not known for this sample (XAttention heads on a backend that does not count blocks).
@@ -221,15 +232,19 @@ SampleResult SampleResult::from_json(const json& j, const std::string& where) {
     r.wall_s = need("wall_s").get<double>();
     r.prefill_s = j.value("prefill_s", 0.0);
     r.decode_s = j.value("decode_s", 0.0);
-    r.new_tokens = j.value("new_tokens", 0);
+    r.new_tokens = opt_int("new_tokens");
     r.modes = j.value("modes", std::string());
     r.templates = j.value("templates", std::string());
-    r.n_layers = j.value("n_layers", 0);
-    r.n_kv_heads = j.value("n_kv_heads", 0);
+    r.n_layers = opt_int("n_layers");
+    r.n_kv_heads = opt_int("n_kv_heads");
     r.logprob = j.value("logprob", 0.0);
     r.greedy_acc = j.value("greedy_acc", 0.0);
     r.prediction = j.value("prediction", std::string());
-    if (j.contains("prediction_ids")) r.prediction_ids = j["prediction_ids"].get<std::vector<int32_t>>();
+    if (j.contains("prediction_ids")) {
+      const json& ids = j["prediction_ids"];
+      if (!ids.is_array()) throw std::runtime_error(where + ": 'prediction_ids' must be a list of integers");
+      for (const json& id : ids) r.prediction_ids.push_back(as_int(id, "prediction_ids"));
+    }
   } catch (const json::exception& e) {
     throw std::runtime_error(where + ": bad field: " + e.what());
   }
@@ -335,6 +350,8 @@ SampleResult run_sample(const Model& m, const Tokenizer* tok, const TaskSample& 
 
 std::vector<SampleResult> load_results(const std::string& path) {
   std::vector<SampleResult> out;
+  // A folder opens as a stream on Linux and fails only at the read, with a message that names no path.
+  if (fs::is_directory(path)) throw std::runtime_error(path + ": is a folder, not an eval results file");
   std::ifstream f(path, std::ios::binary);
   if (!f) return out;
   const std::string text((std::istreambuf_iterator<char>(f)), {});

@@ -57,8 +57,16 @@ std::vector<double> ticks(double lo, double hi) {
   double step = mag;
   for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
     if (m * mag >= raw) { step = m * mag; break; }
+  // The ticks by count, not by adding step until past hi: where step is below the doubles' resolution at lo (values
+  // near 1e17 that differ by 16, `plot --y-fit`), v += step never advanced and the loop grew the list without end.
+  const double first = std::ceil(lo / step - 1e-9) * step;
+  const double n = std::floor((hi - first) / step + 1e-9) + 1;
+  if (!(n >= 1 && n <= 1000) || first + step == first) return {lo, hi};
   std::vector<double> t;
-  for (double v = std::ceil(lo / step - 1e-9) * step; v <= hi + step * 1e-9; v += step) t.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
+  for (int i = 0; i < static_cast<int>(n); ++i) {
+    const double v = first + i * step;
+    t.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
+  }
   return t;
 }
 

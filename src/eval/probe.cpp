@@ -211,7 +211,8 @@ HeadScores load_head_scores(const std::string& path) {
   if (static_cast<int>(S.size()) != s.n_layers)
     throw std::runtime_error(path + ": 'scores' has " + std::to_string(S.size()) + " layers, n_layers is " +
                              std::to_string(s.n_layers));
-  s.score.reserve(static_cast<size_t>(s.n_layers) * s.n_kv_heads);
+  // No reserve from the two counts: they are checked against the rows below, one row at a time, and 2^20 x 2^20
+  // asked for 8 TiB before the first row was read.
   for (int l = 0; l < s.n_layers; ++l) {
     const json& row = S[l];
     if (!row.is_array()) throw std::runtime_error(path + ": scores[" + std::to_string(l) + "] must be a list");
