@@ -215,6 +215,9 @@ expect_fail "--parallel" $S --parallel 100000
 expect_fail "--max-queue" $S --max-queue -1
 expect_fail "--max-queue" $S --max-queue 1e9
 expect_fail "--chunk" $S --chunk 0
+# Found by review: XAttention heads with a chunk that is not whole blocks failed each long request with a 500;
+# the server now refuses the combination at start-up (RoutePolicy::check_chunk).
+expect_fail "elastic serve: --chunk 100: xattn heads need a prefill chunk that is a multiple of the block (100 vs 64)" $S --mode xattn --chunk 100
 expect_fail "--threads: 100000 is not in [0, 1024]" $S -t 100000
 expect_fail "--port" $S --port 70000
 if [ -w /dev/full ]; then

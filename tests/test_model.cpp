@@ -9,6 +9,9 @@
 #include "elastic/generate.h"
 #include "elastic/model.h"
 #include "elastic/npy.h"
+#include "elastic/route_policy.h"
+#include "elastic/router.h"
+#include "elastic/train.h"
 
 using namespace elastic;
 namespace fs = std::filesystem;
@@ -163,6 +166,27 @@ TEST_P(Fixture, XAttnChunksMustBeWholeBlocks) {
   m.prefill(ids.data(), ids.size(), ids.size(), b, one, true);  // one chunk: any size
   m.prefill(ids.data(), ids.size(), 64, c, whole, true);
   EXPECT_LT(rel_err(whole, one), 1e-5);
+  // The same rule, checked before any prompt (the server at start-up): a fixed table with an XAttention head, and a
+  // router whose classes include XAttention (XA-SSA), refuse chunk 50; whole blocks and routers without an estimator
+  // pass.
+  EXPECT_THROW(RoutePolicy::fixed(r).check_chunk(50), std::invalid_argument);
+  EXPECT_NO_THROW(RoutePolicy::fixed(r).check_chunk(128));
+  EXPECT_NO_THROW(RoutePolicy::all_full(m.config).check_chunk(50));
+  RouterSpec spec;
+  spec.n_layers = m.config.n_layers, spec.n_kv_heads = m.config.n_kv_heads, spec.head_dim = m.config.head_dim;
+  spec.base_model = model_fingerprint(m.config);
+  spec.targets = default_targets();
+  auto fa_ssa = std::make_shared<Router>(Router::init(spec, 1));
+  EXPECT_NO_THROW(RoutePolicy::routed(fa_ssa).check_chunk(50));
+  spec.dense_mode = HeadMode::XAttn;
+  auto xa_ssa = std::make_shared<Router>(Router::init(spec, 1));
+  try {
+    RoutePolicy::routed(xa_ssa).check_chunk(50);
+    ADD_FAILURE() << "an XA-SSA router with chunk 50 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("xattn heads need a prefill chunk that is a multiple of the block (50 vs 64)"),
+              std::string::npos) << e.what();
+  }
 }
 
 // Per-layer block counts (bench --density): the run's figures are unchanged by counting them; the last layer's counts

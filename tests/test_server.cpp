@@ -1257,6 +1257,7 @@ struct AllStreamingRouter : PromptRouter {
   int pool_last() const override { return 4; }
   const SparseSettings& sparse() const override { return s; }
   void decide(int, const float*, HeadMode* modes) const override { modes[0] = HeadMode::Streaming; }
+  std::vector<HeadMode> modes() const override { return {HeadMode::Streaming}; }
   // What it decides for the tiny model (2 layers, 1 KV head): every head streaming, with its sparse settings.
   static RoutingTable table() {
     RoutingTable r = RoutingTable::uniform(2, 1, HeadMode::Streaming);

@@ -92,6 +92,11 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     so.max_slots = o->parallel;
     so.max_queue = o->max_queue;
     so.prefill_chunk = o->chunk;
+    try {
+      so.policy.check_chunk(o->chunk);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error("--chunk " + std::to_string(o->chunk) + ": " + e.what());
+    }
     so.kv_budget_bytes = std::max<size_t>(1, static_cast<size_t>(o->kv_mib * 1048576.0));
     so.max_body_bytes = std::max<size_t>(64, static_cast<size_t>(o->body_mib * 1048576.0));
     so.max_connections = o->max_conns;

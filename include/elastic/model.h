@@ -74,6 +74,9 @@ struct PromptRouter {
   virtual const SparseSettings& sparse() const = 0;
   // pooled [Hkv, hd] -> modes [Hkv]
   virtual void decide(int layer, const float* pooled, HeadMode* modes) const = 0;
+  // Every mode decide() may give a head (a trained router: its two classes' modes), so a run can check what those
+  // patterns need (RoutePolicy::check_chunk) before the first prompt.
+  virtual std::vector<HeadMode> modes() const = 0;
 };
 
 // Unique positions of the boundary pool: [0, min(first, P)) and [max(P - last, 0), P).

@@ -26,6 +26,11 @@ struct RoutePolicy {
   const PromptRouter* prompt_router() const { return router.get(); }
   // "router" or "fixed routing, Omega_MSR 0.700" (logs and the server's banner).
   std::string describe() const;
+  // Throws std::invalid_argument when a head this policy may route to a pattern with an estimator (XAttention)
+  // would prefill in chunks of `chunk` tokens that are not whole blocks: the estimator selects blocks for chunks that
+  // start on a block, so both backends refuse such a prefill (model.cpp, gpu_model.cpp). A server checks at start-up,
+  // where a request would otherwise fail mid-prefill with a 500.
+  void check_chunk(int chunk) const;
 };
 
 }  // namespace elastic

@@ -74,6 +74,7 @@ class Router : public PromptRouter {
   int pool_last() const override { return spec.pool_last; }
   const SparseSettings& sparse() const override { return spec.sparse; }
   void decide(int layer, const float* pooled, HeadMode* modes) const override;
+  std::vector<HeadMode> modes() const override { return {spec.dense_mode, spec.sparse_mode}; }
   // The one routing a learned-static router (RouterInput::HeadIdentity) gives every prompt, with its sparse settings:
   // a routing file can then serve it without a router. Throws std::invalid_argument for a router that reads the
   // prompt (its routing differs per prompt).

@@ -3,6 +3,9 @@
 
 #include <cstdio>
 #include <stdexcept>
+#include <string>
+
+#include "elastic/sparse_pattern.h"
 
 namespace elastic {
 
@@ -26,6 +29,16 @@ std::string RoutePolicy::describe() const {
   char b[64];
   std::snprintf(b, sizeof b, "fixed routing, Omega_MSR %.3f", table.msr());
   return b;
+}
+
+void RoutePolicy::check_chunk(int chunk) const {
+  const std::vector<HeadMode> ms = router ? router->modes() : table.mode;
+  const int block = router ? router->sparse().block : table.sparse.block;
+  if (chunk <= 0 || block <= 0 || chunk % block == 0) return;
+  for (HeadMode m : ms)
+    if (sparse_pattern(m).select)
+      throw std::invalid_argument(std::string(head_mode_name(m)) + " heads need a prefill chunk that is a multiple of "
+                                  "the block (" + std::to_string(chunk) + " vs " + std::to_string(block) + ")");
 }
 
 }  // namespace elastic

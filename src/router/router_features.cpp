@@ -20,6 +20,7 @@ struct RecordingRouter : PromptRouter {
   int pool_first() const override { return r.pool_first(); }
   int pool_last() const override { return r.pool_last(); }
   const SparseSettings& sparse() const override { return r.sparse(); }
+  std::vector<HeadMode> modes() const override { return r.modes(); }
   void decide(int layer, const float* p, HeadMode* modes) const override {
     pooled[layer].assign(p, p + static_cast<size_t>(r.spec.n_kv_heads) * r.spec.head_dim);
     r.decide(layer, p, modes);
