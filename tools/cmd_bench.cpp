@@ -17,6 +17,7 @@
 #include "cli_common.h"
 #include "elastic/density_report.h"
 #include "elastic/heatmap_svg.h"
+#include "elastic/json_file.h"
 #include "elastic/model_shapes.h"
 #include "elastic/output_file.h"
 #include "elastic/plot_svg.h"
@@ -452,7 +453,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                      {"decode_gb_s", std::isfinite(r.step_gbs) ? nlohmann::json(r.step_gbs) : nlohmann::json()},
                      {"attention_flops_ratio_known", std::isfinite(r.flops)}, {"device", o->device},
                      {"repeats", r.reps}});
-      std::cout << j.dump(2) << "\n";
+      std::cout << dump_json(j, 2) << "\n";
     } else if (o->out == "csv") {
       std::cout << "model,layers,ctx,mode,omega_msr,attention_flops_ratio,prefill_tok_s,prefill_tok_s_sd,attention_ms,"
                    "attention_ms_sd,attention_speedup_vs_full,decode_tok_s,repeats\n";

@@ -25,4 +25,9 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& source)
 // or the depth / size limit errors above.
 nlohmann::json read_json_file(const std::string& path, const std::string& what);
 
+// JSON text of a value we built, some of whose strings came from outside as bytes (paths, flag values): bytes that are
+// not UTF-8 become U+FFFD instead of the library's type_error 316, which had stopped runs at their end (a bench's
+// -o json, a router's save after training). indent -1: one line.
+std::string dump_json(const nlohmann::json& j, int indent = -1);
+
 }  // namespace elastic

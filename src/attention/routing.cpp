@@ -78,7 +78,7 @@ void save_routing(const RoutingTable& r, const std::string& path) {
     for (int h = 0; h < r.n_kv_heads; ++h) row.push_back(head_mode_name(r.at(l, h)));
     j["layers"].push_back(row);
   }
-  write_text_file(path, j.dump(1) + "\n", "routing file");
+  write_text_file(path, dump_json(j, 1) + "\n", "routing file");
 }
 
 }  // namespace elastic

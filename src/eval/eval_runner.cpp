@@ -446,7 +446,8 @@ EvalSummary run_eval(const Model& m, const Tokenizer* tok, const std::vector<Met
   const std::vector<std::string> tasks = o.tasks.empty() ? ruler_task_names() : o.tasks;
   fs::create_directories(o.out_dir);
   const fs::path cfg_path = fs::path(o.out_dir) / "run.json";
-  const json cfg = run_config(o, tok);
+  // As the file will hold it (bytes of paths that are not UTF-8 as U+FFFD), so a resumed run compares like for like.
+  const json cfg = json::parse(dump_json(run_config(o, tok)));
   if (fs::exists(cfg_path)) {
     const json old = read_json_file(cfg_path.string(), "eval run config");
     for (auto it = cfg.begin(); it != cfg.end(); ++it)
@@ -455,10 +456,10 @@ EvalSummary run_eval(const Model& m, const Tokenizer* tok, const std::vector<Met
         continue;  // folders from before the GPU backend (they ran on the CPU) or the paraphrased templates
       } else if (!old.contains(it.key()) || old[it.key()] != it.value())
         throw std::runtime_error(cfg_path.string() + ": this folder holds results of a run with another " + it.key() +
-                                 " (" + (old.contains(it.key()) ? old[it.key()].dump() : "none") + ", now " +
-                                 it.value().dump() + "): use another output folder");
+                                 " (" + (old.contains(it.key()) ? dump_json(old[it.key()]) : "none") + ", now " +
+                                 dump_json(it.value()) + "): use another output folder");
   } else {
-    write_text_file(cfg_path.string(), cfg.dump(1) + "\n", "eval run config");
+    write_text_file(cfg_path.string(), dump_json(cfg, 1) + "\n", "eval run config");
   }
 
   const std::string jsonl = (fs::path(o.out_dir) / "results.jsonl").string();

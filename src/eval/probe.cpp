@@ -187,7 +187,7 @@ void save_head_scores(const HeadScores& s, const std::string& path) {
     for (int h = 0; h < s.n_kv_heads; ++h) row.push_back(s.at(l, h));
     j["scores"].push_back(row);
   }
-  write_text_file(path, j.dump(1) + "\n", "head scores");
+  write_text_file(path, dump_json(j, 1) + "\n", "head scores");
 }
 
 HeadScores load_head_scores(const std::string& path) {

@@ -39,4 +39,8 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
   return parse_json_text(read_text_file(path, what, kMaxJsonFileBytes), path);
 }
 
+std::string dump_json(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace elastic

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/json_file.h"
 #include "elastic/output_file.h"
 #include "elastic/safetensors.h"
 
@@ -23,7 +24,7 @@ void write_safetensors_f32(const std::string& path, const std::vector<F32Tensor>
     h[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
     off += bytes;
   }
-  std::string hs = h.dump();
+  std::string hs = dump_json(h);
   hs.append((8 - hs.size() % 8) % 8, ' ');  // keep the data 8-byte aligned, as the format recommends
   OutputFile f(path, "safetensors file");
   const uint64_t hl = hs.size();

@@ -84,8 +84,8 @@ void Router::save(const std::string& path) const {
       {"input", router_input_name(spec.input)},
       {"dense_mode", head_mode_name(spec.dense_mode)},
       {"sparse_mode", head_mode_name(spec.sparse_mode)},
-      {"sparse", sparse.dump()},
-      {"targets", targets.dump()},
+      {"sparse", dump_json(sparse)},
+      {"targets", dump_json(targets)},
   };
   write_safetensors_f32(path, ts, meta);
 }

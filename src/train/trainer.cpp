@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/json_file.h"
 #include "elastic/output_file.h"
 #include "elastic/plot_svg.h"
 #include "elastic/train.h"
@@ -208,7 +209,7 @@ Router train_router(const Model& m, const std::vector<TrainExample>& data_in, co
                           {"tau", log.tau},   {"lr", log.lr},   {"tok_per_s", log.tok_per_s}, {"open", log.open},
                           {"msr", log.msr},   {"eta_s", log.eta_s}};
       for (auto& [cl, lv] : log.lambdas) j["lambda"][cl] = {lv.first, lv.second};
-      jl->write(j.dump() + "\n");
+      jl->write(dump_json(j) + "\n");
       jl->stream().flush();  // a failed flush is reported by the next write or the close below
     }
     if (on_step && rank == 0) on_step(log);

@@ -215,3 +215,22 @@ TEST(TrainDataHostile, IdsOutsideInt32OrTheVocabularyAreRefusedAtLoad) {
   EXPECT_NE(rep.problems[0].find(":1: sample: JSON nested deeper than 128 levels"), std::string::npos)
       << rep.problems[0];
 }
+
+// Found by review: strings that came from outside as bytes (a -m path, a --target class) reached json::dump(), which
+// throws type_error 316 on bytes that are not UTF-8: bench -o json lost its results after measuring, and train-router
+// failed at the save after the whole training. dump_json writes U+FFFD for them; a router with such a target saves
+// and loads.
+TEST(JsonHostile, BytesThatAreNotUtf8AreReplacedWhenDumped) {
+  const nlohmann::json j = {{"path", std::string("/tmp/m\xff.gguf")}, {"n", 1}};
+  EXPECT_THROW((void)j.dump(), nlohmann::json::type_error);
+  EXPECT_EQ(elastic::dump_json(j), "{\"n\":1,\"path\":\"/tmp/m\xef\xbf\xbd.gguf\"}");
+  elastic::RouterSpec spec;
+  spec.n_layers = 1, spec.n_kv_heads = 1, spec.head_dim = 8;
+  spec.targets = {{std::string("qa\xff"), 0.5}};
+  const std::string path = elastic::test::scratch_path("utf8_router.safetensors");
+  elastic::ModelConfig c;
+  c.n_layers = 1, c.n_kv_heads = 1, c.head_dim = 8, c.n_heads = 1, c.hidden = 8, c.intermediate = 16, c.vocab = 10;
+  spec.base_model = elastic::model_fingerprint(c);
+  elastic::Router::init(spec, 1).save(path);
+  EXPECT_EQ(elastic::Router::load(path, c).spec.targets.count("qa\xef\xbf\xbd"), 1u);
+}
