@@ -25,6 +25,7 @@
 #include "elastic/tokenizer.h"
 #include "elastic/train.h"
 #include "../byte_level.h"
+#include "../gguf_model_writer.h"
 #include "server/server_internal.h"
 
 namespace elastic::fuzz {
@@ -195,6 +196,12 @@ std::vector<std::string> gguf_seeds(const std::string& fixtures, const std::stri
     w.add_raw("q6k", {256, static_cast<int64_t>(q6k.size() / 210)}, 14, std::vector<uint8_t>(q6k.begin(), q6k.end()));
     w.write(p);
   }));
+  // A whole tiny model (the llama fixture in Q8_0 blocks), for Model::load_gguf's metadata and tensor checks.
+  out.push_back(made_by(scratch, "model.gguf", [&](const std::string& p) {
+    elastic::testing::GgufOpts o;
+    o.mat = GgmlType::Q8_0;
+    write_model_gguf(Model::load(fixtures + "/llama_tiny"), p, o);
+  }));
   out.push_back(made_by(scratch, "tok.gguf", [&](const std::string& p) {
     Writer w;
     const json tok = tiny_tokenizer();
@@ -227,6 +234,8 @@ Target gguf_target(const std::string& fixtures, const std::string& scratch) {
       else if (v.is_float()) f.get_float(key);
     }
     if (f.find("tokenizer.ggml.model")) use_tokenizer(Tokenizer::from_gguf(path));
+    // A model file: its config from the metadata and every layer's tensors (sizes the loader allocates for).
+    if (f.find("general.architecture") && f.find_tensor("token_embd.weight")) Model::load_gguf(path);
   };
   return t;
 }
