@@ -215,6 +215,13 @@ expect_fail "--parallel" $S --parallel 100000
 expect_fail "--max-queue" $S --max-queue -1
 expect_fail "--max-queue" $S --max-queue 1e9
 expect_fail "--chunk" $S --chunk 0
+expect_fail "server: the context 100000 is more than the model's 128 positions" $S -c 100000
+# Found by review: under an address-space limit the workers' threads could not all start, and the ones started were
+# left joinable (the process aborted); now a clear error. 8 GB of address space holds about 870 thread stacks of
+# 8 MiB (set: an unlimited stack limit would make them 2 MiB).
+# (Not under AddressSanitizer, which cannot start with its shadow memory under such a limit.)
+ldd $BIN 2>/dev/null | grep -q libasan || \
+  expect_fail "worker threads (Resource temporarily unavailable): lower --parallel" bash -c "ulimit -s 8192; ulimit -v 8000000; exec timeout 20 $S --port 0 --parallel 1000"
 # Found by review: XAttention heads with a chunk that is not whole blocks failed each long request with a 500;
 # the server now refuses the combination at start-up (RoutePolicy::check_chunk).
 expect_fail "elastic serve: --chunk 100: xattn heads need a prefill chunk that is a multiple of the block (100 vs 64)" $S --mode xattn --chunk 100

@@ -11,8 +11,10 @@ namespace elastic {
 // nlohmann::json parses, copies, dumps and destroys nested values recursively, so 100,000 nested '[' overflow the
 // stack. Real files nest a handful of levels (tokenizer.json about 6); every JSON text we read is checked first.
 inline constexpr int kMaxJsonDepth = 128;
-// JSON files are parsed into a tree about 10x their size: a cap well above any tokenizer.json (~10-40 MB).
-inline constexpr uint64_t kMaxJsonFileBytes = 512ULL << 20;
+// JSON files are parsed into a tree of 10-25x their size (an array of empty arrays: 22x), and a tree that does not
+// fit ends the process (std::bad_alloc inside nlohmann's noexcept destructor: a 510 MB file under the former 512 MiB
+// cap did). 64 MiB is above any tokenizer.json (10-40 MB) and every other JSON file we read is kilobytes.
+inline constexpr uint64_t kMaxJsonFileBytes = 64ULL << 20;
 
 // Throws std::runtime_error "<source>: JSON nested deeper than <max_depth> levels (at byte N)". A scan of the
 // brackets outside strings; it does not validate anything else (the parser does).

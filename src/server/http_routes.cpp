@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <optional>
 #include <random>
+#include <system_error>
 
 #include "elastic/server.h"
 #include "server/server_internal.h"
@@ -413,15 +414,18 @@ class Connections {
 class Connections::Pool {
  public:
   Pool(Connections& owner, int n) : owner_(owner) {
-    for (int i = 0; i < n; ++i) th_.emplace_back([this] { loop(); });
+    try {
+      for (int i = 0; i < n; ++i) th_.emplace_back([this] { loop(); });
+    } catch (const std::system_error& e) {
+      // A thread the system will not make (a process or memory limit): the ones started must be joined here, as no
+      // destructor runs for a constructor that throws, and a joinable std::thread's destructor ends the process.
+      stop_and_join();
+      throw std::runtime_error("server: the system started only " + std::to_string(th_.size()) + " of " +
+                               std::to_string(n) + " worker threads (" + e.what() + "): lower --parallel");
+    }
   }
   ~Pool() {
-    {
-      std::lock_guard g(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : th_) t.join();
+    stop_and_join();
     for (auto& c : q_) owner_.close_conn(c);
   }
   void push(std::unique_ptr<Conn> c) {
@@ -433,6 +437,14 @@ class Connections::Pool {
   }
 
  private:
+  void stop_and_join() {
+    {
+      std::lock_guard g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : th_) t.join();
+  }
   void loop() {
     for (;;) {
       std::unique_ptr<Conn> c;
@@ -756,6 +768,11 @@ Server::Impl::Impl(Model m, const std::string& dir, ServerOptions o) : opts(std:
   if (!tp.empty()) tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tp));
   tmpl = ChatTemplate::from_model_dir(dir);
   check_options(opts);
+  // Past the model's positions RoPE runs on angles it never trained on, and generate refuses it: so does the server
+  // (it served a 300-token prompt on a 128-position model before).
+  if (opts.max_context > 0 && model.config.max_positions > 0 && opts.max_context > model.config.max_positions)
+    throw std::invalid_argument("server: the context " + std::to_string(opts.max_context) + " is more than the model's " +
+                                std::to_string(model.config.max_positions) + " positions");
   ctx = opts.max_context > 0 ? opts.max_context : model.config.max_positions;
   if (ctx < 2) throw std::runtime_error("server: the context must hold at least 2 tokens, got " + std::to_string(ctx));
   std::vector<int32_t> eos = model.config.eos_ids;
