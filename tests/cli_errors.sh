@@ -173,6 +173,7 @@ expect_fail "head-identity" $BIN train-router -m $FX/qwen3_tiny --router-input c
 expect_fail "--router" $BIN route features -m $FX/qwen3_tiny
 expect_fail "--samples" $BIN route features -m $FX/qwen3_tiny --router x.safetensors --samples 1
 expect_fail "x.safetensors" $BIN route features -m $FX/qwen3_tiny --router x.safetensors
+expect_fail "route features: --length 16384 is more than the model's 128 positions" $BIN route features -m $FX/qwen3_tiny --router $TMP/router.safetensors --length 16384
 expect_fail "--needles" $BIN probe -m $FX/qwen3_tiny --needles 100000
 expect_fail "--ctx-size" $BIN probe -m $FX/qwen3_tiny -c 99999999999
 expect_fail "--sparsity: 'nan' is not a finite number" $BIN route static --scores $TMP/heads.json --sparsity nan

@@ -147,6 +147,11 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
 #endif
     }
     std::unique_ptr<Tokenizer> tok = load_model_tokenizer(o->model, o->tok);
+    // Past the model's positions RoPE runs on angles the model never saw: allowed (the tiny test models train past
+    // their 128), but said, since generate and serve refuse such a context.
+    if (m.config.max_positions > 0 && to.max_len > m.config.max_positions)
+      std::fprintf(stderr, "warning: train-router: --max-len %d is more than the model's %d positions\n", to.max_len,
+                   m.config.max_positions);
     std::vector<TrainExample> data;
     if (o->data.empty()) {
       const std::vector<int> lens = o->builtin_len.empty() ? std::vector<int>{std::max(16, to.max_len - 64)}
