@@ -99,6 +99,11 @@ if ! timeout 20 $BIN plot $TMP/flat.csv -o $TMP/flat.svg --y-label y --y-fit > /
 fi
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
 expect_fail "'nan' is not a finite number" $BIN bench --kv-pool-gib nan
+expect_fail "bench: --shape, --layers and --vocab shape a random-weight model; -m gives its own" $BIN bench -m $FX/qwen3_tiny --layers 5
+expect_fail "eval: --lengths gives 100 twice" $BIN eval -m $FX/qwen3_tiny --lengths 100,100
+expect_fail "eval: --tasks names 'niah_single_1' twice" $BIN eval -m $FX/qwen3_tiny --tasks niah_single_1,niah_single_1
+expect_fail "probe: the scores (-o) and the heat map" $BIN probe -m $FX/qwen3_tiny -o $TMP/p.svg
+expect_fail "train-router: -o and --log are both" $BIN train-router -m $FX/qwen3_tiny -o $TMP/same.out --log $TMP/same.out
 expect_fail "--batch, --kv-pool-gib, --batch-invariant, --small-m-rows and --fuse-norms need --device cuda" $BIN bench --batch 8
 expect_fail "--fuse-norms need --device cuda" $BIN bench --small-m-rows 4
 expect_fail "--fuse-norms need --device cuda" $BIN bench --fuse-norms

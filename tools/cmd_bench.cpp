@@ -181,7 +181,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("bench", "Prefill speed per context length and routing mode (llama-bench style)");
   sub->add_option("-m,--model", o->model, "Model folder or .gguf (default: a random-weight model of --shape)");
-  sub->add_option("--shape", o->shape, "Named shape for a random-weight model: qwen3-0.6b, qwen3-4b, qwen3-8b, llama-3.1-8b, tiny");
+  CLI::Option* shape_opt = sub->add_option("--shape", o->shape, "Named shape for a random-weight model: qwen3-0.6b, qwen3-4b, qwen3-8b, llama-3.1-8b, tiny");
   sub->add_option("--layers", o->layers, "Override the shape's layer count (time per layer is what scales)")
       ->check(in_range(1, 1024));
   sub->add_option("--vocab", o->vocab, "Override the shape's vocabulary (embedding memory)")
@@ -229,7 +229,10 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                   "GPU: prefill attention kernel (default auto; the measurement variants run in bench_attention_gpu, "
                   "docs/CUDA_ATTENTION.md)")
       ->check(CLI::IsMember({"auto", "simple", "overlap"}));
-  cmds.push_back({sub, [o] {
+  cmds.push_back({sub, [o, shape_opt] {
+    // A model file has its own shape: these flags would be ignored without a word.
+    if (!o->model.empty() && (shape_opt->count() || o->layers || o->vocab))
+      throw std::runtime_error("bench: --shape, --layers and --vocab shape a random-weight model; -m gives its own");
     set_threads(o->threads);
     o->sparse.xattn.block = o->sparse.block;
     validate_sparse(o->sparse, "bench");

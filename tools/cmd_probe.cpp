@@ -42,6 +42,12 @@ void add_probe_command(CLI::App& app, Commands& cmds) {
   // cuda: the same prompts and scoring; each prompt's last-row attention comes from the bf16 GPU backend.
   sub->add_option("--device", o->device, "cpu, or cuda (bf16 GPU backend)")->check(CLI::IsMember({"cpu", "cuda"}));
   cmds.push_back({sub, [o] {
+    // The heat map's path, checked before the run: -o p.svg (or --svg equal to -o) wrote the scores and then the
+    // heat map over them.
+    const std::string svg = o->svg.empty() ? fs::path(o->out).replace_extension(".svg").string() : o->svg;
+    if (fs::path(svg).lexically_normal() == fs::path(o->out).lexically_normal())
+      throw std::runtime_error("probe: the scores (-o) and the heat map (--svg, default -o with .svg) would both be " +
+                               o->out + ": give them different paths");
     resolve_model(o->model, "probe");
     set_threads(o->threads);
     o->po.haystack_file = o->hay;
@@ -75,7 +81,6 @@ void add_probe_command(CLI::App& app, Commands& cmds) {
     }
     std::fprintf(stderr, "\n");
     save_head_scores(hs, o->out);
-    std::string svg = o->svg.empty() ? fs::path(o->out).replace_extension(".svg").string() : o->svg;
     write_heatmap_svg(svg, hs.score, hs.n_layers, hs.n_kv_heads, "Retrieval score per (layer, KV head)", "layer",
                       "KV head");
     std::fprintf(stderr, "wrote %s and %s (%d prompts)\n", o->out.c_str(), svg.c_str(), hs.prompts);

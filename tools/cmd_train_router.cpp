@@ -108,6 +108,8 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
     to.spec.pool_last = to.spec.pool_first;
     to.spec.sigmoid = o->sigmoid;
     to.spec.input = parse_router_input(o->input);
+    if (!o->log.empty() && fs::path(o->log).lexically_normal() == fs::path(o->out).lexically_normal())
+      throw std::runtime_error("train-router: -o and --log are both " + o->out + ": the router would replace the log");
     if (!o->config.empty() && !o->sparse_mode.empty())
       throw std::runtime_error("train-router: give --config or --sparse-mode, not both");
     parse_router_config(!o->config.empty() ? o->config : o->sparse_mode == "xattn" ? "fa-xa" : "fa-ssa",
