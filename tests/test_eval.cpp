@@ -393,6 +393,13 @@ TEST(EvalPlots, ParetoFrontAndShapes) {
   // doubles' resolution there, and the tick loop never ended (growing its list until memory ran out).
   write_line_chart_svg(path, "t", "x", "y", {{"s", {1, 2}, {1e17, 1e17 + 16}}}, false, false);
   EXPECT_NE(read_file(path).find("</svg>"), std::string::npos);
+  // Values spanning more than a double holds (1e308 and -1e308) wrote NaN coordinates with success; now an error.
+  EXPECT_THROW(write_line_chart_svg(path, "t", "x", "y", {{"s", {1, 2}, {1e308, -1e308}}}), std::runtime_error);
+  // Text from the shell with control characters or bytes that are not UTF-8 made an SVG that does not parse.
+  EXPECT_EQ(xml_escape(std::string("a\x01" "b\xff" "c <\xc3\xa9>")),
+            "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c &lt;\xc3\xa9&gt;");
+  EXPECT_EQ(xml_escape("\xe2\x82"), "\xef\xbf\xbd\xef\xbf\xbd");  // a cut sequence: each byte replaced
+  EXPECT_EQ(xml_escape("\xf0\x9f\x98\x80 \xed\xa0\x80"), "\xf0\x9f\x98\x80 \xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
   fs::remove(path);
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -40,17 +41,36 @@ int label_step(int n) { return n <= 32 ? 1 : (n + 31) / 32; }
 
 }  // namespace
 
+// Also makes the text well-formed XML: control characters other than tab and newlines, and bytes that are not UTF-8
+// (a --title from the shell can hold both), become U+FFFD; an SVG holding them does not open.
 std::string xml_escape(const std::string& s) {
+  static const char kReplacement[] = "\xEF\xBF\xBD";
   std::string o;
-  for (char ch : s) {
-    switch (ch) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {  // a UTF-8 sequence: its length from the lead byte, then continuation bytes and no overlong form
+      const int n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 0;
+      bool ok = n > 0 && i + n <= s.size();
+      uint32_t cp = n == 4 ? c & 0x07 : n == 3 ? c & 0x0F : c & 0x1F;
+      for (int k = 1; ok && k < n; ++k) {
+        const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+        ok = (cc & 0xC0) == 0x80;
+        cp = (cp << 6) | (cc & 0x3F);
+      }
+      ok = ok && !(n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) && !(n == 4 && (cp < 0x10000 || cp > 0x10FFFF));
+      if (ok) o.append(s, i, n), i += n;
+      else o += kReplacement, ++i;
+      continue;
+    }
+    switch (c) {
       case '&': o += "&amp;"; break;
       case '<': o += "&lt;"; break;
       case '>': o += "&gt;"; break;
       case '"': o += "&quot;"; break;
       case '\'': o += "&apos;"; break;
-      default: o += ch;
+      default: o += c < 0x20 && c != '\t' && c != '\n' && c != '\r' ? std::string(kReplacement) : std::string(1, char(c));
     }
+    ++i;
   }
   return o;
 }

@@ -77,6 +77,10 @@ struct Range {
   }
   void fix(double pad_frac) {
     if (!std::isfinite(lo)) { lo = 0; hi = 1; }
+    // Values near +-1e308 span more than a double holds: every coordinate would come out NaN.
+    if (!std::isfinite(hi - lo) || !std::isfinite((hi - lo) * (1 + 2 * pad_frac)))
+      throw std::runtime_error("chart: the values span " + num(lo) + " to " + num(hi) +
+                               ", more than a double holds for the axis");
     if (hi - lo < 1e-12) { lo -= 0.5; hi += 0.5; }
     const double p = (hi - lo) * pad_frac;
     lo -= p;
