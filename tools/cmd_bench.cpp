@@ -1,5 +1,7 @@
 // elastic bench: llama-bench-style prefill speed per context length and routing mode, on a model folder or on a
 // random-weight model of a named shape. Full attention measured in the same run is the baseline of every ratio.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -275,8 +277,21 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                                                                3.0 * c.hidden * c.intermediate);
       std::fprintf(stderr, "bench: random-weight %s, %d layers, %.2f GiB of %s weights\n", o->shape.c_str(),
                    c.n_layers, params * (gpu ? 2 : 4) / (1 << 30), gpu ? "bf16 (made on the GPU)" : "fp32");
-      if (gpu) m.config = c;  // the weights are made on the device
-      else m = random_model(c, o->seed);
+      if (gpu) {
+        m.config = c;  // the weights are made on the device
+      } else {
+        // The fp32 weights plus the longest row's all-full KV cache against this machine's memory: a shape that
+        // cannot fit failed after a minute with a bare std::bad_alloc (qwen3-8b: 30.5 GiB of weights).
+        const int longest = *std::max_element(ctxs.begin(), ctxs.end());
+        const double kv = 2.0 * 4 * c.n_layers * c.n_kv_heads * c.head_dim * static_cast<double>(longest);
+        const double need = params * 4 + kv, have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+        if (have > 0 && need > have)
+          throw std::runtime_error("bench: a random-weight " + o->shape + " on the CPU needs " +
+                                   std::to_string(need / (1 << 30)).substr(0, 6) + " GiB (fp32 weights and the -c " +
+                                   std::to_string(longest) + " KV cache), more than this machine's " +
+                                   std::to_string(have / (1 << 30)).substr(0, 6) + " GiB: a smaller --shape, --layers or -c");
+        m = random_model(c, o->seed);
+      }
       name = o->shape;
     }
     std::vector<int32_t> text_ids;  // --text: the file's tokens; rows take prefixes of it
