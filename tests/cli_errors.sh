@@ -214,6 +214,8 @@ S="$BIN serve -m $FX/qwen3_tiny"
 expect_fail "--kv-budget-mib: 'nan' is not a finite number" $S --kv-budget-mib nan
 expect_fail "--kv-budget-mib: 1e30 is not in" $S --kv-budget-mib 1e30
 expect_fail "--kv-budget-mib" $S --kv-budget-mib 0
+expect_fail "--kv-budget-mib: 1e-9 is not in" $S --kv-budget-mib 1e-9
+expect_fail "--max-body-mib" $S --max-body-mib 1e-12
 expect_fail "--max-body-mib: 'inf' is not a finite number" $S --max-body-mib inf
 expect_fail "--header-timeout: 0 is not in" $S --header-timeout 0
 expect_fail "--body-timeout: 'nan' is not a finite number" $S --body-timeout nan

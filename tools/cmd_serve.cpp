@@ -43,10 +43,11 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--chunk", o->chunk,
                   "Prefill chunk in tokens: running requests wait for at most one chunk of a newcomer's prefill")
       ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--kv-budget-mib", o->kv_mib, "KV-cache memory of all running requests, MiB")
-      ->check(positive_up_to(1 << 24));
-  sub->add_option("--max-body-mib", o->body_mib, "Largest request body (chunked ones included), MiB")
-      ->check(positive_up_to(double(kServerMaxBodyBytes >> 20)));
+  // Lower bounds the server can honour (they were clamped without a word: 1e-9 MiB became a 1-byte budget).
+  sub->add_option("--kv-budget-mib", o->kv_mib, "KV-cache memory of all running requests, MiB (at least 1)")
+      ->check(in_range(1, 1 << 24));
+  sub->add_option("--max-body-mib", o->body_mib, "Largest request body (chunked ones included), MiB (at least 1/1024)")
+      ->check(in_range(1.0 / 1024, double(kServerMaxBodyBytes >> 20)));
   sub->add_option("--max-connections", o->max_conns,
                   "Open client connections; at the cap the one waiting longest for its request is closed")
       ->check(CLI::Range(1, kServerMaxConnections));
