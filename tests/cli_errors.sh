@@ -99,6 +99,8 @@ if ! timeout 20 $BIN plot $TMP/flat.csv -o $TMP/flat.svg --y-label y --y-fit > /
 fi
 expect_fail "--attn-kernel needs --device cuda" $BIN bench --attn-kernel overlap
 expect_fail "'nan' is not a finite number" $BIN bench --kv-pool-gib nan
+expect_fail "--seed: '-2' is not a seed" $BIN bench --seed -2
+expect_fail "--seed: '18446744073709551616' is not a seed" $BIN route init --shape tiny --seed 18446744073709551616 -o $TMP/r.safetensors
 expect_fail "more than this machine's" $BIN bench --shape qwen3-8b --layers 1024 -c 128 --modes full -r 1
 expect_fail "bench: --shape, --layers and --vocab shape a random-weight model; -m gives its own" $BIN bench -m $FX/qwen3_tiny --layers 5
 expect_fail "eval: --lengths gives 100 twice" $BIN eval -m $FX/qwen3_tiny --lengths 100,100

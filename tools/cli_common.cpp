@@ -8,6 +8,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -51,6 +52,18 @@ CLI::Validator finite_check(double lo, double hi, bool lo_open) {
 }  // namespace
 
 CLI::Validator in_range(double lo, double hi) { return finite_check(lo, hi, false); }
+CLI::Validator seed_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const bool digits = !text.empty() && text.size() <= 20 &&
+                            std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+        errno = 0;
+        if (digits) (void)std::strtoull(text.c_str(), nullptr, 10);
+        if (!digits || errno == ERANGE) return "'" + text + "' is not a seed (an integer in [0, 18446744073709551615])";
+        return {};
+      },
+      "seed");
+}
 CLI::Validator positive_up_to(double hi) { return finite_check(0, hi, true); }
 
 void add_threads_option(CLI::App* sub, int& threads) {

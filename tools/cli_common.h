@@ -38,6 +38,9 @@ void add_plot_command(CLI::App& app, Commands& cmds);
 CLI::Validator in_range(double lo, double hi);
 // (0, hi]: learning rates and other values that must be strictly positive.
 CLI::Validator positive_up_to(double hi);
+// A seed: decimal digits only, at most 2^64 - 1. Into a uint64_t CLI11 wraps "-2" to 2^64 - 2 and saturates
+// 99999999999999999999999 to 2^64 - 1 (the same run as --seed -1).
+CLI::Validator seed_check();
 
 // Upper bounds shared by the subcommands. Token counts (contexts, prompt lengths, chunks) stop at 16M, far beyond any
 // model we run, so sizes computed from them (counts x head_dim x layers) stay far from int overflow.

@@ -196,7 +196,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
   sub->add_option("-r,--repeats", o->reps, "Repeats per row")->check(in_range(1, 10000));
   sub->add_option("--chunk", o->chunk, "Prefill chunk size")->check(in_range(1, kMaxTokens));
   add_sparse_options(sub, o->sparse);
-  sub->add_option("--seed", o->seed, "Seed (weights, prompts, hybrid routings)");
+  sub->add_option("--seed", o->seed, "Seed (weights, prompts, hybrid routings)")->check(seed_check());
   sub->add_option("--density", o->density,
                   "CPU: per (layer, KV head) share of key blocks XAttention heads kept in each row's last prefill, as "
                   "Markdown in this file and a heat map per row beside it (<file without .md>_<mode>_<T>.svg); "

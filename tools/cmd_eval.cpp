@@ -52,7 +52,7 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--tasks", o->tasks, "Comma list of tasks (default: all)");
   sub->add_option("--lengths", o->lengths, "Comma list of prompt lengths, k = 1024 (e.g. 4k,8k)");
   sub->add_option("--samples", o->samples, "Samples per task and length")->check(in_range(1, 1000000));
-  sub->add_option("--seed", o->seed, "Seed (prompts are the same for every method)");
+  sub->add_option("--seed", o->seed, "Seed (prompts are the same for every method)")->check(seed_check());
   sub->add_option("--methods", o->methods,
                   "Comma list of methods: full, ssa, xattn, static@<omega> (retrieval heads kept full), random@<omega>[:seed] (random heads, the control), or none (only --router/--routing/--mode) (default: full,ssa,xattn,static@0.5,static@0.7,static@0.9)");
   sub->add_option("--routing", o->routing, "Extra method: a routing JSON file");

@@ -44,7 +44,7 @@ void add_generate_command(CLI::App& app, Commands& cmds) {
   sub->add_option("--temp", o->temp, "Temperature (0 = greedy)")->check(in_range(0, 100));
   sub->add_option("--top-k", o->topk, "Top-k (0 = off)")->check(in_range(0, std::numeric_limits<int>::max()));
   sub->add_option("--top-p", o->topp, "Top-p (1 = off)")->check(in_range(0, 1));
-  sub->add_option("--seed", o->seed, "Sampling seed");
+  sub->add_option("--seed", o->seed, "Sampling seed")->check(seed_check());
   sub->add_flag("--print-ids", o->print_ids, "Print the new ids as a JSON array instead of text");
   sub->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
   sub->add_option("--device", o->device, "cpu, or cuda (bf16 GPU backend)")->check(CLI::IsMember({"cpu", "cuda"}));

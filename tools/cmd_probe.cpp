@@ -28,7 +28,7 @@ void add_probe_command(CLI::App& app, Commands& cmds) {
       ->check(in_range(1, kMaxTokens));
   sub->add_option("--depths", o->po.n_depths, "Needle depths")->check(in_range(1, 1000));
   sub->add_option("--needles", o->po.n_needles_per_depth, "Prompts per depth")->check(in_range(1, 1000));
-  sub->add_option("--seed", o->po.seed, "Seed");
+  sub->add_option("--seed", o->po.seed, "Seed")->check(seed_check());
   // Task mode: the eval's own prompts (its needle phrasing and chat template), scored on their evidence tokens.
   sub->add_option("--task", o->po.task,
                   "Probe with the eval's prompts of this needle task (e.g. niah_single_2) instead of the magic-number "

@@ -71,7 +71,7 @@ void add_route_command(CLI::App& app, Commands& cmds) {
   ini->add_option("--shape", in->shape, "Or a named shape (serve --shape NAME)")
       ->check(CLI::IsMember(named_shape_names()));
   ini->add_option("--config", in->config, "fa-ssa, fa-xa or xa-ssa: what the router's two classes run");
-  ini->add_option("--seed", in->seed, "Seed of the weights");
+  ini->add_option("--seed", in->seed, "Seed of the weights")->check(seed_check());
   ini->add_option("--dense-bias", in->dense_bias,
                   "Added to the dense class's output bias in every layer: positive keeps more heads dense")
       ->check(in_range(-100, 100));
@@ -117,7 +117,7 @@ void add_route_command(CLI::App& app, Commands& cmds) {
   fe->add_option("--tasks", f->tasks, "Comma list of tasks (each a group)")->delimiter(',');
   fe->add_option("--length", f->length, "Prompt tokens, k = 1024 (one length)");
   fe->add_option("--samples", f->samples, "Prompts per task")->check(in_range(2, 100000));
-  fe->add_option("--seed", f->seed, "Seed of the prompts");
+  fe->add_option("--seed", f->seed, "Seed of the prompts")->check(seed_check());
   fe->add_option("--haystack", f->hay, "Haystack text file");
   fe->add_option("--code-corpus", f->code, "Source file or folder for code_continue");
   fe->add_option("--tokenizer", f->tok, "tokenizer.json (default: the model folder's)");

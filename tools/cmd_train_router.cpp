@@ -67,7 +67,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
   add_sparse_options(sub, o->to.spec.sparse);
   sub->add_option("--pool", o->to.spec.pool_first, "Boundary pooling: first and last N prompt tokens")
       ->check(in_range(1, kMaxTokens));
-  sub->add_option("--seed", o->to.seed, "Seed (init, data order, gate noise)");
+  sub->add_option("--seed", o->to.seed, "Seed (init, data order, gate noise)")->check(seed_check());
   add_threads_option(sub, o->threads);
   sub->add_option("--device", o->device, "cpu, or cuda (the bf16 GPU backbone; same data, schedule and logs)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
