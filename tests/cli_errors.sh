@@ -104,6 +104,8 @@ expect_fail "--seed: '18446744073709551616' is not a seed" $BIN route init --sha
 expect_fail "more than this machine's" $BIN bench --shape qwen3-8b --layers 1024 -c 128 --modes full -r 1
 expect_fail "bench: --shape, --layers and --vocab shape a random-weight model; -m gives its own" $BIN bench -m $FX/qwen3_tiny --layers 5
 expect_fail "eval: --lengths gives 100 twice" $BIN eval -m $FX/qwen3_tiny --lengths 100,100
+printf 'int\0main\0' > $TMP/nul.c
+expect_fail "nul.c: code corpus file is binary (holds NUL bytes)" $BIN eval -m $FX/qwen3_tiny --tasks code_continue --code-corpus $TMP/nul.c --lengths 100 --samples 1 -o $TMP/evn
 expect_fail "eval: --tasks names 'niah_single_1' twice" $BIN eval -m $FX/qwen3_tiny --tasks niah_single_1,niah_single_1
 expect_fail "probe: the scores (-o) and the heat map" $BIN probe -m $FX/qwen3_tiny -o $TMP/p.svg
 expect_fail "train-router: -o and --log are both" $BIN train-router -m $FX/qwen3_tiny -o $TMP/same.out --log $TMP/same.out

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "elastic/text_file.h"
 #include "tasks_common.h"
 
 namespace fs = std::filesystem;
@@ -83,25 +84,24 @@ std::string builtin_code(SplitMix64& r, size_t min_bytes) {
   return o.str();
 }
 
-std::string read_all(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw std::runtime_error(p.string() + ": cannot open code corpus file");
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+// A source file is kilobytes; a code corpus file past this is not code (a 2 GB file ended an eval in bad_alloc).
+constexpr uint64_t kMaxCodeFileBytes = 64ULL << 20;
 
 std::string code_corpus_text(const std::string& path, size_t min_bytes, SplitMix64& r) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw std::runtime_error(path + ": code corpus not found");
   if (fs::is_regular_file(path, ec)) {
-    const std::string t = read_all(path);
+    const std::string t = read_text_file(path, "code corpus file", kMaxCodeFileBytes);
     if (t.empty()) throw std::runtime_error(path + ": code corpus file is empty");
+    if (t.find('\0') != std::string::npos) throw std::runtime_error(path + ": code corpus file is binary (holds NUL bytes)");
     return slice_from(t, min_bytes, r);
   }
   std::vector<fs::path> files;
   for (auto it = fs::recursive_directory_iterator(path, fs::directory_options::skip_permission_denied, ec);
        it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (ec) break;
-    if (it->is_regular_file(ec) && it->file_size(ec) > 0) files.push_back(it->path());
+    if (it->is_regular_file(ec) && it->file_size(ec) > 0 && it->file_size(ec) <= kMaxCodeFileBytes)
+      files.push_back(it->path());  // larger files are not source code, as binary ones below
   }
   std::sort(files.begin(), files.end());
   if (files.empty()) throw std::runtime_error(path + ": code corpus folder has no files");
