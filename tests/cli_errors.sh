@@ -104,6 +104,10 @@ expect_fail "--seed: '18446744073709551616' is not a seed" $BIN route init --sha
 expect_fail "more than this machine's" $BIN bench --shape qwen3-8b --layers 1024 -c 128 --modes full -r 1
 expect_fail "bench: --shape, --layers and --vocab shape a random-weight model; -m gives its own" $BIN bench -m $FX/qwen3_tiny --layers 5
 expect_fail "eval: --lengths gives 100 twice" $BIN eval -m $FX/qwen3_tiny --lengths 100,100
+# Found by review: a FIFO given as a model file blocked in open() until a writer came; now refused at once.
+mkfifo $TMP/fifo.gguf && expect_fail "fifo.gguf: not a regular file" timeout 10 $BIN generate -m $TMP/fifo.gguf -p hi
+mkdir -p $TMP/fifo_model && cp $FX/qwen3_tiny/config.json $TMP/fifo_model/ && mkfifo $TMP/fifo_model/model.safetensors &&
+  expect_fail "model.safetensors: not a regular file" timeout 10 $BIN generate -m $TMP/fifo_model -p hi
 printf 'int\0main\0' > $TMP/nul.c
 expect_fail "nul.c: code corpus file is binary (holds NUL bytes)" $BIN eval -m $FX/qwen3_tiny --tasks code_continue --code-corpus $TMP/nul.c --lengths 100 --samples 1 -o $TMP/evn
 expect_fail "eval: --tasks names 'niah_single_1' twice" $BIN eval -m $FX/qwen3_tiny --tasks niah_single_1,niah_single_1

@@ -241,7 +241,9 @@ File::~File() {
 File File::open(const std::string& path) {
   File f;
   f.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY);
+  // O_NONBLOCK: a FIFO then opens at once and is refused below as not a regular file, instead of blocking in open()
+  // until a writer comes (no effect on a regular file, which is memory-mapped).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) f.fail(std::string("cannot open file: ") + std::strerror(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0) {

@@ -50,7 +50,9 @@ int64_t TensorView::numel() const {
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO opens at once and is refused below instead of blocking in open() (no effect on a regular
+    // file, which is memory-mapped).
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd_ < 0) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + ")");
     // A throwing constructor runs no destructor: close the descriptor before every error.
     auto fail = [&](const std::string& what) {
