@@ -1,4 +1,5 @@
 // elastic train-router: train the Elastic Attention router of a frozen model on task-labelled data.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -178,6 +179,13 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       for (const std::string& p : rep.problems) std::fprintf(stderr, "warning: skipped %s\n", p.c_str());
       std::fprintf(stderr, "train-router: %s: %d of %d lines used\n", path.c_str(), rep.used, rep.lines);
       data.insert(data.end(), part.begin(), part.end());
+    }
+    // A --target for a class no sample has (a typo such as "retreival") would change nothing: say so.
+    for (const std::string& kv : o->targets) {
+      const std::string cls = kv.substr(0, kv.find('='));
+      if (std::none_of(data.begin(), data.end(), [&](const TrainExample& e) { return e.task_class == cls; }))
+        std::fprintf(stderr, "warning: train-router: --target %s: no training sample has the class '%s'\n", kv.c_str(),
+                     cls.c_str());
     }
     std::vector<StepLog> logs;
     bool warned = false;
