@@ -1,6 +1,7 @@
 #include "elastic/heatmap_svg.h"
 
 #include "elastic/output_file.h"
+#include "io/utf8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -48,17 +49,10 @@ std::string xml_escape(const std::string& s) {
   std::string o;
   for (size_t i = 0; i < s.size();) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x80) {  // a UTF-8 sequence: its length from the lead byte, then continuation bytes and no overlong form
-      const int n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 0;
-      bool ok = n > 0 && i + n <= s.size();
-      uint32_t cp = n == 4 ? c & 0x07 : n == 3 ? c & 0x0F : c & 0x1F;
-      for (int k = 1; ok && k < n; ++k) {
-        const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-        ok = (cc & 0xC0) == 0x80;
-        cp = (cp << 6) | (cc & 0x3F);
-      }
-      ok = ok && !(n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) && !(n == 4 && (cp < 0x10000 || cp > 0x10FFFF));
-      if (ok) o.append(s, i, n), i += n;
+    if (c >= 0x80) {
+      uint32_t cp = 0;
+      const size_t n = utf8_seq_len(reinterpret_cast<const unsigned char*>(s.data()), i, s.size(), &cp);
+      if (n) o.append(s, i, n), i += n;
       else o += kReplacement, ++i;
       continue;
     }
