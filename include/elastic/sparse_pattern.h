@@ -50,6 +50,11 @@ const SparsePattern& sparse_pattern(HeadMode m);
 // The mode whose pattern has this name or alias; throws std::runtime_error listing the known names.
 HeadMode pattern_by_name(const std::string& name);
 int n_sparse_patterns();
+// A pattern with an estimator (XAttention) selects blocks for prefill chunks that start on a block boundary: throws
+// std::invalid_argument "<who><pattern> heads need a prefill chunk that is a multiple of the block (C vs B)" when one
+// of the n modes has an estimator and `chunk` is not a multiple of `block`. The CPU prefill asks before running
+// (who "prefill: "), RoutePolicy::check_chunk before the first prompt (a server's start-up).
+void check_estimator_chunk(const HeadMode* modes, size_t n, int chunk, int block, const std::string& who = "");
 std::vector<std::string> sparse_pattern_names();  // registry order (the CLI's --mode choices)
 
 // ---- Parameters as JSON (one home: routing files and router metadata) ----------------------------------------------

@@ -11,6 +11,7 @@
 #include "cuda/gpu_model_impl.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_ops.h"
+#include "elastic/sparse_pattern.h"
 
 namespace elastic::cuda {
 namespace {
@@ -244,9 +245,7 @@ bool GpuModel::Impl::prefill_advance() {  // GpuModel::prefill_step checked that
     ELASTIC_CUDA_CHECK(cudaMemcpyAsync(meta_l, meta_h.data(), Hkv * sizeof(KVHeadMeta), cudaMemcpyHostToDevice, st));
     run.lists = XAttnBlockLists{};
     if (has_xattn) {
-      if (T > chunk && chunk % sp.block)
-        throw std::invalid_argument("gpu prefill: XAttention heads need a chunk size that is a multiple of the block (" +
-                                    std::to_string(chunk) + " vs " + std::to_string(sp.block) + ")");
+      if (T > chunk) check_estimator_chunk(modes, size_t(Hkv), chunk, sp.block, "gpu prefill: ");  // as the CPU
       const int nbk = (o.max_ctx + sp.block - 1) / sp.block;
       if (xa_block != sp.block) {
         xa_blocks.alloc(size_t(xattn_list_capacity(Hq, nbk)) * 4);

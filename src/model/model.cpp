@@ -125,14 +125,10 @@ void Model::forward(const int32_t* ids, int T, KVCache& cache, std::vector<float
 }
 
 namespace {
-// A pattern with an estimator (XAttention) selects blocks for chunks that start on a block boundary; a chunk size that
-// is not a multiple of the block would leave later chunks' heads dense without a word. Refused, as the GPU refuses it.
+// A chunk size that is not a multiple of the block would leave later chunks' estimator heads dense without a word:
+// refused (check_estimator_chunk), as the GPU refuses it. A prompt in one chunk is any length.
 void check_xattn_chunk(const HeadMode* modes, size_t n, int T, int chunk, int block) {
-  if (T <= chunk || chunk % block == 0) return;
-  for (size_t i = 0; i < n; ++i)
-    if (sparse_pattern(modes[i]).select)
-      throw std::invalid_argument(std::string("prefill: ") + head_mode_name(modes[i]) + " heads need a chunk size that is a multiple of the block (" +
-                                  std::to_string(chunk) + " vs " + std::to_string(block) + ")");
+  if (T > chunk) check_estimator_chunk(modes, n, chunk, block, "prefill: ");
 }
 }  // namespace
 

@@ -33,12 +33,7 @@ std::string RoutePolicy::describe() const {
 
 void RoutePolicy::check_chunk(int chunk) const {
   const std::vector<HeadMode> ms = router ? router->modes() : table.mode;
-  const int block = router ? router->sparse().block : table.sparse.block;
-  if (chunk <= 0 || block <= 0 || chunk % block == 0) return;
-  for (HeadMode m : ms)
-    if (sparse_pattern(m).select)
-      throw std::invalid_argument(std::string(head_mode_name(m)) + " heads need a prefill chunk that is a multiple of "
-                                  "the block (" + std::to_string(chunk) + " vs " + std::to_string(block) + ")");
+  check_estimator_chunk(ms.data(), ms.size(), chunk, router ? router->sparse().block : table.sparse.block);
 }
 
 }  // namespace elastic

@@ -26,6 +26,14 @@ std::vector<std::string> sparse_pattern_names() {
   return names;
 }
 
+void check_estimator_chunk(const HeadMode* modes, size_t n, int chunk, int block, const std::string& who) {
+  if (chunk <= 0 || block <= 0 || chunk % block == 0) return;
+  for (size_t i = 0; i < n; ++i)
+    if (sparse_pattern(modes[i]).select)
+      throw std::invalid_argument(who + head_mode_name(modes[i]) + " heads need a prefill chunk that is a multiple of " +
+                                  "the block (" + std::to_string(chunk) + " vs " + std::to_string(block) + ")");
+}
+
 const SparsePattern& sparse_pattern(HeadMode m) {
   const int i = static_cast<int>(m);
   if (i >= n_sparse_patterns())
