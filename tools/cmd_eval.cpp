@@ -90,14 +90,6 @@ void add_eval_command(CLI::App& app, Commands& cmds) {
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("eval: --") + e.what());  // "--lengths '4q': bad entry ..."
     }
-    // A task or length given twice ran once and was counted twice in the report (duplicate methods were refused).
-    for (size_t i = 0; i < eo.tasks.size(); ++i)
-      for (size_t k = 0; k < i; ++k)
-        if (eo.tasks[i] == eo.tasks[k]) throw std::runtime_error("eval: --tasks names '" + eo.tasks[i] + "' twice");
-    for (size_t i = 0; i < eo.lengths.size(); ++i)
-      for (size_t k = 0; k < i; ++k)
-        if (eo.lengths[i] == eo.lengths[k])
-          throw std::runtime_error("eval: --lengths gives " + std::to_string(eo.lengths[i]) + " twice");
     eo.samples = o->samples;
     eo.seed = o->seed;
     eo.haystack_file = o->hay;

@@ -210,8 +210,7 @@ SampleResult SampleResult::from_json(const json& j, const std::string& where) {
     const bool ok = v.is_number_integer() &&
                     (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT32_MAX)
                                             : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX);
-    if (!ok) throw std::runtime_error(where + ": '" + k + "' must be an integer in the int32 range, got " + v.dump(
-                                                  -1, ' ', false, json::error_handler_t::replace));
+    if (!ok) throw std::runtime_error(where + ": '" + k + "' must be an integer in the int32 range, got " + dump_json(v));
     return static_cast<int>(v.get<int64_t>());
   };
   auto opt_int = [&](const char* k) { return j.contains(k) && !j[k].is_null() ? as_int(j[k], k) : 0; };
@@ -413,6 +412,13 @@ void check_eval_options(const Model& m, const Tokenizer* tok, const std::vector<
     if (!me.route && !me.router) throw std::runtime_error("eval: method '" + me.name + "' has neither a routing function nor a router");
   }
   std::vector<std::string> tasks = o.tasks.empty() ? ruler_task_names() : o.tasks;
+  // A task or length given twice would run once and be counted twice in the report: refused like a method.
+  std::set<std::string> task_names;
+  for (const std::string& t : tasks)
+    if (!task_names.insert(t).second) throw std::runtime_error("eval: --tasks names '" + t + "' twice");
+  std::set<int> lengths;
+  for (int L : o.lengths)
+    if (!lengths.insert(L).second) throw std::runtime_error("eval: --lengths gives " + std::to_string(L) + " twice");
   for (const std::string& t : tasks)
     if (!is_task_name(t)) {
       TaskSpec bad;
