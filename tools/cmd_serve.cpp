@@ -98,8 +98,8 @@ void add_serve_command(CLI::App& app, Commands& cmds) {
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error("--chunk " + std::to_string(o->chunk) + ": " + e.what());
     }
-    so.kv_budget_bytes = std::max<size_t>(1, static_cast<size_t>(o->kv_mib * 1048576.0));
-    so.max_body_bytes = std::max<size_t>(64, static_cast<size_t>(o->body_mib * 1048576.0));
+    so.kv_budget_bytes = static_cast<size_t>(o->kv_mib * 1048576.0);  // at least 1 MiB and 1 KiB: the flags' ranges
+    so.max_body_bytes = static_cast<size_t>(o->body_mib * 1048576.0);
     so.max_connections = o->max_conns;
     so.header_timeout_s = o->header_s;
     so.body_timeout_s = o->body_s;

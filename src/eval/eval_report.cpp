@@ -179,6 +179,8 @@ std::string method_table(const EvalSummary& s, const std::string& head, int lead
   return o;
 }
 
+std::string task_length_lead(const std::string& t, int L) { return "| " + t + " | " + len_label(L) + " |"; }
+
 }  // namespace
 
 std::string markdown_report(const EvalSummary& s) {
@@ -218,14 +220,14 @@ std::string markdown_report(const EvalSummary& s) {
   for (const CellSummary& c : s.cells) any_lik = any_lik || c.metric == "likelihood";
   if (any_lik) {
     o += "\n## Likelihood tasks (mean reference log-prob / greedy-token accuracy)\n\n";
-    o += method_table(s, "| task | length |", 2, "---", [](const std::string& t, int L) { return "| " + t + " | " + len_label(L) + " |"; },
+    o += method_table(s, "| task | length |", 2, "---", task_length_lead,
                       [](const CellSummary& c) -> std::optional<std::string> {
                         if (c.metric != "likelihood") return std::nullopt;
                         return f3(c.logprob) + " / " + f3(c.greedy_acc);
                       });
   }
   o += "\n## Sparsity per task x length (Omega_MSR / Omega_ESR / FLOPs vs full / wall s)\n\n";
-  o += method_table(s, "| task | length |", 2, "---", [](const std::string& t, int L) { return "| " + t + " | " + len_label(L) + " |"; },
+  o += method_table(s, "| task | length |", 2, "---", task_length_lead,
                     [](const CellSummary& c) -> std::optional<std::string> {
                       return f2(c.msr) + " / " + f2(c.esr) + " / " + f2(c.flops) + " / " + f2(c.wall_s);
                     });
