@@ -36,6 +36,10 @@ expect_fail "--bogus" $BIN generate -m $FX/qwen3_tiny --bogus
 expect_fail "-n" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n -3
 expect_fail "A subcommand is required" $BIN
 expect_fail "exactly one" $BIN tokenize --tokenizer $SRC/../shared/qwen3-tokenizer/tokenizer.json
+# Inputs parsed whole into larger structures are capped at 64 MiB (a sparse file: no disk used).
+truncate -s 65M $TMP/huge.txt
+expect_fail "text to tokenize is larger than the limit of 67108864 bytes" $BIN tokenize --tokenizer $SRC/../shared/qwen3-tokenizer/tokenizer.json --file $TMP/huge.txt
+expect_fail "CSV table is larger than the limit of 67108864 bytes" $BIN plot $TMP/huge.txt -o $TMP/huge.svg --y-label y
 echo '{"layers": [["full","full"]]}' > $TMP/routing_bad.json
 expect_fail "has 1 layers, the model has 2" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --routing $TMP/routing_bad.json
 expect_fail "--mode" $BIN logits -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -o $TMP/o.npy --mode dense

@@ -19,7 +19,7 @@ void add_tokenize_command(CLI::App& app, Commands& cmds) {
     const bool has_text = sub->count("text") > 0, has_file = !o->file.empty();
     if (has_text == has_file) throw std::runtime_error("tokenize: give exactly one of --file F or TEXT");
     Tokenizer t = Tokenizer::from_file(o->tokenizer);
-    std::string text = o->file.empty() ? o->text : read_text_file(o->file);
+    std::string text = o->file.empty() ? o->text : read_text_file(o->file, "text to tokenize", kMaxParsedInputBytes);
     std::cout << ids_json(t.encode(text)) << "\n";
   }});
 }

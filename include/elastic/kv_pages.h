@@ -3,8 +3,8 @@
 // by every sequence, and per sequence, layer and KV head the list of pages that head keeps. A full head grows page
 // by page; a streaming head keeps its sink blocks plus the blocks of its window, and a block that falls out of the
 // window goes back to the pool (the pool's free list hands it out again, so the window is a ring of pages), so a
-// head's memory is exactly what its routing keeps. The rule of which blocks a streaming head keeps is
-// streaming_keeps() (attention.h): the same one the CPU reference, the prefill kernels and the hybrid cache follow.
+// head's memory is exactly what its routing keeps. Which blocks a head keeps is its pattern's rule (pattern_holds,
+// sparse_pattern.h): the same one the CPU reference, the prefill kernels and the hybrid cache follow.
 //
 // This is bookkeeping only (page ids and counts, no K/V storage): the CPU or GPU backend owns the storage
 // [n_pages, page_size, head_dim] and reads it through HeadPages::pages. An engine-level object: the GPU server admits

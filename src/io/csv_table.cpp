@@ -64,6 +64,8 @@ CsvTable parse_numeric_csv(const std::string& text, const std::string& what) {
   return t;
 }
 
-CsvTable read_numeric_csv(const std::string& path) { return parse_numeric_csv(read_text_file(path), path); }
+CsvTable read_numeric_csv(const std::string& path) {
+  return parse_numeric_csv(read_text_file(path, "CSV table", kMaxParsedInputBytes), path);
+}
 
 }  // namespace elastic
