@@ -174,7 +174,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                        out = "md";
     int layers = 0, vocab = 0, reps = 3, threads = 0, chunk = 16384, decode = 32, batch = 1;
     double kv_pool_gib = 0;
-    bool batch_invariant = false, fuse_norms = false;
+    bool batch_invariant = false;
     int small_m_rows = -1;  // unset: GpuOptions' default
     std::string device = "cpu", attn_kernel, plot, text, density;
     uint64_t seed = 0;
@@ -225,8 +225,6 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                   "GPU: projections of up to this many rows through Elastic's small-M kernel instead of cuBLASLt "
                   "(GpuOptions::small_m_rows, default 2; 0 = cuBLASLt)")
       ->check(in_range(0, 4));
-  sub->add_flag("--fuse-norms", o->fuse_norms,
-               "GPU: decode's RMSNorms folded into the small-M products after them (GpuOptions::fuse_norms)");
   sub->add_option("--attn-kernel", o->attn_kernel,
                   "GPU: prefill attention kernel (default auto; the measurement variants run in bench_attention_gpu, "
                   "docs/CUDA_ATTENTION.md)")
@@ -249,12 +247,9 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     if (o->batch_invariant && o->small_m_rows > 0)
       throw std::runtime_error("bench: --small-m-rows and --batch-invariant exclude each other (batch invariance runs "
                                "one cuBLASLt algorithm for every batch size)");
-    if (!gpu && (o->batch != 1 || o->kv_pool_gib > 0 || o->batch_invariant || o->small_m_rows >= 0 || o->fuse_norms))
-      throw std::runtime_error("bench: --batch, --kv-pool-gib, --batch-invariant, --small-m-rows and --fuse-norms need "
-                               "--device cuda (the CPU bench times prefill only)");
-    if (o->fuse_norms && (o->batch_invariant || o->small_m_rows == 0))
-      throw std::runtime_error("bench: --fuse-norms folds the norms into the small-M kernel, which --batch-invariant "
-                               "and --small-m-rows 0 turn off");
+    if (!gpu && (o->batch != 1 || o->kv_pool_gib > 0 || o->batch_invariant || o->small_m_rows >= 0))
+      throw std::runtime_error("bench: --batch, --kv-pool-gib, --batch-invariant and --small-m-rows need --device cuda "
+                               "(the CPU bench times prefill only)");
     if (!o->attn_kernel.empty()) {
       if (!gpu) throw std::runtime_error("bench: --attn-kernel needs --device cuda");
       std::fprintf(stderr, "bench: attention kernel %s\n", o->attn_kernel.c_str());
@@ -319,7 +314,6 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       go.slots = o->batch;
       go.batch_invariant = o->batch_invariant;
       if (o->small_m_rows >= 0) go.small_m_rows = o->small_m_rows;
-      go.fuse_norms = o->fuse_norms;
       go.kv_pool_bytes = static_cast<size_t>(o->kv_pool_gib * double(size_t(1) << 30));
       go.attention = cuda::attention_config_from_env();  // ELASTIC_ATTN_OPTS still applies; --attn-kernel names the kernel
       if (!o->attn_kernel.empty())  // the flag wins over ELASTIC_ATTN_KERNEL

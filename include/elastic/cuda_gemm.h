@@ -52,21 +52,7 @@ class Gemm {
   void set_small_m_rows(int rows);
   int small_m_rows() const;
 
-  // Y = RMSNorm(X; gamma [K], eps) W^T, X the raw rows. With fused norms on (set_fuse_norms) and a call the small-M
-  // kernel takes, one launch with the norm folded in (within bf16 rounding of the two-step result, not bitwise: the
-  // normed row is not rounded to bf16 in between); otherwise the RMSNorm kernel writes xn [M, K] (caller's scratch)
-  // and the product reads it. Off by default.
-  void bf16_normed(const uint16_t* X, const uint16_t* gamma, float eps, uint16_t* xn, const uint16_t* W, uint16_t* Y,
-                   int M, int N, int K, cudaStream_t stream);
-  void bf16_out_f32_normed(const uint16_t* X, const uint16_t* gamma, float eps, uint16_t* xn, const uint16_t* W,
-                           float* Y, int M, int N, int K, cudaStream_t stream);
-  void set_fuse_norms(bool on);
-  bool fuse_norms() const;
-
  private:
-  // bf16_normed and bf16_out_f32_normed: Y bf16 or fp32 (y_f32).
-  void normed(const uint16_t* X, const uint16_t* gamma, float eps, uint16_t* xn, const uint16_t* W, void* Y, bool y_f32,
-              int M, int N, int K, cudaStream_t stream);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   size_t ws_bytes_;

@@ -51,10 +51,6 @@ struct GpuOptions {
   // at 4 (H100, docs/PERFORMANCE.md). batch_invariant overrides it (one cuBLASLt algorithm for every batch size).
   // Printed with the plan.
   int small_m_rows = 2;
-  // Decode's RMSNorms folded into the small-M products that follow them (Gemm::set_fuse_norms: one launch instead of
-  // two, within bf16 rounding of the two-step result). Off until measured on a GPU (written 2026-12-07 without device
-  // time). Only where the small-M kernel runs.
-  bool fuse_norms = false;
   int chunk = 16384;    // prefill chunk; a multiple of the sparse block size when XAttention heads run
   bool graphs = true;   // decode through a CUDA graph
   int device = 0;

@@ -25,22 +25,6 @@ __device__ __forceinline__ float dot8_bf16(const uint4& w, const uint4& x, float
   return s;
 }
 
-// s + sum_e w[e] * (x[e] * g[e]): the product of an RMSNorm's input and weight (g) taken in fp32, not rounded to bf16,
-// then one fma per element in order (the fused-norm form of the small-M kernel scales the sum by 1 / rms afterwards).
-__device__ __forceinline__ float dot8_bf16_scaled(const uint4& w, const uint4& x, const uint4& g, float s) {
-  uint32_t a[4], b[4], c[4];
-  words4(w, a), words4(x, b), words4(g, c);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    s = fmaf(bf16_lo(a[i]), bf16_lo(b[i]) * bf16_lo(c[i]), s);
-    s = fmaf(bf16_hi(a[i]), bf16_hi(b[i]) * bf16_hi(c[i]), s);
-  }
-  return s;
-}
-
-// s + the squares of x's 8 elements, in order.
-__device__ __forceinline__ float sumsq8_bf16(const uint4& x, float s) { return dot8_bf16(x, x, s); }
-
 // Sums each of the M per-lane partials over the warp (xor butterfly over offsets 16..1: every lane ends with the same
 // bits) and returns row `lane`'s total, for lanes 0..M-1 to write (other lanes get row 0's).
 template <int M>

@@ -72,7 +72,6 @@ struct Gemm::Impl {
   std::map<Key, Plan> plans;
   int pinned = 0;   // pin_rows
   int small_m = 0;  // set_small_m_rows
-  bool fuse_norms = false;  // set_fuse_norms
   bool use_small_m(const void* X, const void* W, int M, int K) const {
     return pinned == 0 && M <= small_m && small_m_gemv_fits(X, W, M, K);
   }
@@ -269,27 +268,6 @@ void Gemm::bf16_out_f32(const uint16_t* X, const uint16_t* W, float* Y, int M, i
   check_shape("bf16_out_f32", X, W, Y, M, N, K);
   if (impl_->use_small_m(X, W, M, K)) return small_m_gemv(X, W, Y, true, M, N, K, nullptr, 0.f, stream);
   impl_->run(X, W, Y, M, N, K, CUDA_R_32F, nullptr, 0.f, ws_bytes_, stream);
-}
-
-void Gemm::set_fuse_norms(bool on) { impl_->fuse_norms = on; }
-bool Gemm::fuse_norms() const { return impl_->fuse_norms; }
-
-void Gemm::normed(const uint16_t* X, const uint16_t* gamma, float eps, uint16_t* xn, const uint16_t* W, void* Y,
-                  bool y_f32, int M, int N, int K, cudaStream_t stream) {
-  check_shape(y_f32 ? "bf16_out_f32_normed" : "bf16_normed", X, W, Y, M, N, K);
-  if (impl_->fuse_norms && impl_->use_small_m(X, W, M, K) && small_m_gemv_fits(gamma, W, 1, K))
-    return small_m_gemv_rmsnorm(X, gamma, eps, W, Y, y_f32, M, N, K, stream);
-  rmsnorm_bf16_stream(X, gamma, xn, M, K, eps, stream);
-  if (y_f32) bf16_out_f32(xn, W, static_cast<float*>(Y), M, N, K, stream);
-  else bf16(xn, W, static_cast<uint16_t*>(Y), M, N, K, stream);
-}
-void Gemm::bf16_normed(const uint16_t* X, const uint16_t* gamma, float eps, uint16_t* xn, const uint16_t* W,
-                       uint16_t* Y, int M, int N, int K, cudaStream_t stream) {
-  normed(X, gamma, eps, xn, W, Y, false, M, N, K, stream);
-}
-void Gemm::bf16_out_f32_normed(const uint16_t* X, const uint16_t* gamma, float eps, uint16_t* xn, const uint16_t* W,
-                               float* Y, int M, int N, int K, cudaStream_t stream) {
-  normed(X, gamma, eps, xn, W, Y, true, M, N, K, stream);
 }
 
 void Gemm::bf16_out_f32_batched(const uint16_t* X, const uint16_t* W, float* Y, int M, int N, int K, int batch,

@@ -20,41 +20,21 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
-// NORM: X holds the raw rows and Y = RMSNorm(X; gamma, eps) W^T, the norm folded in: each warp sums its rows' squares
-// (X is a few KiB, in L1 for every warp of an SM), takes x * gamma in fp32 in the dot products, and scales each row's
-// sum by 1 / rms before the warp's reduction. Not bitwise the separate RMSNorm + product (no bf16 rounding of the
-// normed row in between): within bf16 rounding of it.
-template <int M, bool F32, bool NORM = false>
+template <int M, bool F32>
 __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __restrict__ X,
                                                             const uint16_t* __restrict__ W, void* __restrict__ Y,
                                                             int N, int K, const uint16_t* __restrict__ bias,
-                                                            float beta, const uint16_t* __restrict__ gamma = nullptr,
-                                                            float eps = 0.f) {
+                                                            float beta) {
   const int lane = threadIdx.x & 31;
   const int n = blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (n >= N) return;
   const int K8 = K >> 3;
   const uint4* w = reinterpret_cast<const uint4*>(W + size_t(n) * K);
   const uint4* x = reinterpret_cast<const uint4*>(X);
-  const uint4* g = reinterpret_cast<const uint4*>(gamma);
-  float inv_rms[M];
-  if constexpr (NORM) {
-#pragma unroll
-    for (int r = 0; r < M; ++r) {
-      float ss = 0.f;
-      for (int j = lane; j < K8; j += 32) ss = sumsq8_bf16(__ldg(x + size_t(r) * K8 + j), ss);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      inv_rms[r] = rsqrtf(ss / float(K) + eps);
-    }
-  }
-  // One chunk of W against every row's chunk u of X (times gamma's, under NORM).
+  // One chunk of W against every row's chunk u of X.
   auto step = [&](const uint4& wv, int at, float (&acc)[M]) {
 #pragma unroll
-    for (int r = 0; r < M; ++r) {
-      if constexpr (NORM) acc[r] = dot8_bf16_scaled(wv, __ldg(x + size_t(r) * K8 + at), __ldg(g + at), acc[r]);
-      else acc[r] = dot8_bf16(wv, __ldg(x + size_t(r) * K8 + at), acc[r]);
-    }
+    for (int r = 0; r < M; ++r) acc[r] = dot8_bf16(wv, __ldg(x + size_t(r) * K8 + at), acc[r]);
   };
   float acc[M];
 #pragma unroll
@@ -76,10 +56,6 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __res
     for (int u = 0; u < kInFlight - 1; ++u)
       if (i + u * 32 < K8) step(wv[u], i + u * 32, acc);
   }
-  if constexpr (NORM) {
-#pragma unroll
-    for (int r = 0; r < M; ++r) acc[r] *= inv_rms[r];  // each lane's partial: the same scale for every lane's share
-  }
   float v = warp_row_total<M>(acc, lane);
   if (lane >= M) return;
   const size_t at = size_t(lane) * N + n;
@@ -96,15 +72,15 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __res
   }
 }
 
-template <bool F32, bool NORM = false>
+template <bool F32>
 void launch_rows(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, const uint16_t* bias,
-                 float beta, cudaStream_t stream, const uint16_t* gamma = nullptr, float eps = 0.f) {
+                 float beta, cudaStream_t stream) {
   const int blocks = (N + kWarps - 1) / kWarps;
-  auto kernel = M == 1   ? small_m_kernel<1, F32, NORM>
-                : M == 2 ? small_m_kernel<2, F32, NORM>
-                : M == 3 ? small_m_kernel<3, F32, NORM>
-                         : small_m_kernel<4, F32, NORM>;
-  kernel<<<blocks, kThreads, 0, stream>>>(X, W, Y, N, K, bias, beta, gamma, eps);
+  auto kernel = M == 1   ? small_m_kernel<1, F32>
+                : M == 2 ? small_m_kernel<2, F32>
+                : M == 3 ? small_m_kernel<3, F32>
+                         : small_m_kernel<4, F32>;
+  kernel<<<blocks, kThreads, 0, stream>>>(X, W, Y, N, K, bias, beta);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -119,12 +95,6 @@ void small_m_gemv(const uint16_t* X, const uint16_t* W, void* Y, bool y_f32, int
                   const uint16_t* bias, float beta, cudaStream_t stream) {
   if (y_f32) launch_rows<true>(X, W, Y, M, N, K, nullptr, 0.f, stream);
   else launch_rows<false>(X, W, Y, M, N, K, bias, beta, stream);
-}
-
-void small_m_gemv_rmsnorm(const uint16_t* X, const uint16_t* gamma, float eps, const uint16_t* W, void* Y, bool y_f32,
-                          int M, int N, int K, cudaStream_t stream) {
-  if (y_f32) launch_rows<true, true>(X, W, Y, M, N, K, nullptr, 0.f, stream, gamma, eps);
-  else launch_rows<false, true>(X, W, Y, M, N, K, nullptr, 0.f, stream, gamma, eps);
 }
 
 }  // namespace elastic::cuda

@@ -24,9 +24,4 @@ bool small_m_gemv_fits(const void* X, const void* W, int M, int K);
 void small_m_gemv(const uint16_t* X, const uint16_t* W, void* Y, bool y_f32, int M, int N, int K,
                   const uint16_t* bias, float beta, cudaStream_t stream);
 
-// Y = RMSNorm(X; gamma [K], eps) W^T with the norm folded into the kernel (X the raw rows; no bias, beta 0): one launch
-// where the model ran an RMSNorm kernel and the product. gamma 16-byte aligned, like X.
-void small_m_gemv_rmsnorm(const uint16_t* X, const uint16_t* gamma, float eps, const uint16_t* W, void* Y, bool y_f32,
-                          int M, int N, int K, cudaStream_t stream);
-
 }  // namespace elastic::cuda

@@ -466,22 +466,17 @@ void GpuModel::Impl::decode_body(int B) {
   int32_t* io_next = d_io + S;    // [B] greedy next ids
   int32_t* io_pos = d_io + 2 * S; // [B] positions
   uint16_t* x = d_x.as<uint16_t>();
-  // RMSNorm of the residual rows x, then a product (bf16 out y, or fp32 out yf): one launch where the norm is folded
-  // into the small-M kernel (GpuOptions::fuse_norms; its time then counts in the product's part), else the norm kernel
-  // into d_xn (the Norms part) and the product. `part` is marked after the product (kCount: the caller marks later).
+  // RMSNorm of the residual rows x into d_xn (the Norms part), then a product (bf16 out y, or fp32 out yf). `part` is
+  // marked after the product (kCount: the caller marks later). Folding the norm into the small-M product was measured
+  // slower (docs/PERFORMANCE.md, "One engine: before and after") and removed.
   auto normed_product = [&](const DeviceBuffer& gamma, const uint16_t* Wt, uint16_t* y, float* yf, int n_out,
                             GpuDecodeParts::Part part) {
     const uint16_t* g = gamma.as<uint16_t>();
     uint16_t* xn = d_xn.as<uint16_t>();
-    if (gemm->fuse_norms()) {
-      if (yf) gemm->bf16_out_f32_normed(x, g, c.rms_eps, xn, Wt, yf, B, n_out, D, st);
-      else gemm->bf16_normed(x, g, c.rms_eps, xn, Wt, y, B, n_out, D, st);
-    } else {
-      rmsnorm_bf16_stream(x, g, xn, B, D, c.rms_eps, st);
-      mark(GpuDecodeParts::Norms);
-      if (yf) gemm->bf16_out_f32(xn, Wt, yf, B, n_out, D, st);
-      else gemm->bf16(xn, Wt, y, B, n_out, D, st);
-    }
+    rmsnorm_bf16_stream(x, g, xn, B, D, c.rms_eps, st);
+    mark(GpuDecodeParts::Norms);
+    if (yf) gemm->bf16_out_f32(xn, Wt, yf, B, n_out, D, st);
+    else gemm->bf16(xn, Wt, y, B, n_out, D, st);
     if (part != GpuDecodeParts::kCount) mark(part);
   };
   mark(GpuDecodeParts::EmbedPlan);  // the start

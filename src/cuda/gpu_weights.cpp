@@ -95,7 +95,6 @@ void GpuModel::Impl::init_common() {
   ELASTIC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   gemm = std::make_unique<Gemm>();
   gemm->set_small_m_rows(o.small_m_rows);  // throws outside 0..kSmallMMaxRows
-  gemm->set_fuse_norms(o.fuse_norms);
   // Batch invariance pins one cuBLASLt algorithm for every batch size, which the Gemm then runs for every M (the
   // small-M kernel's rows would not match it past its rows); the plan says which runs.
   if (o.batch_invariant) gemm->pin_rows(std::max(o.slots, 1));  // decode's M <= slots; prefill's chunks are larger
@@ -126,8 +125,7 @@ void GpuModel::Impl::init_common() {
                  "; projections " + (gemm->pinned_rows() > 0 ? std::string("cuBLASLt (pinned)")
                                      : gemm->small_m_rows() > 0
                                          ? "small-M kernel up to " + std::to_string(gemm->small_m_rows()) +
-                                               " rows" + (gemm->fuse_norms() ? " (RMSNorm folded in)" : "") +
-                                               ", cuBLASLt above"
+                                               " rows, cuBLASLt above"
                                          : std::string("cuBLASLt"));
   const int mu = max_units(S);  // max_units grows with the batch: S's covers every batch size
   const size_t dec_ws = size_t(paged_decode_workspace_floats(mu, Hq / Hkv, hd)) * 4;
