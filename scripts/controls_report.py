@@ -42,6 +42,10 @@ GROUPS = [  # (group, member prefix, description)
     ("sweep-len4k-static", "sweep_len4kstatic", "learned-static twin of sweep-len4k"),
     ("sweep-targets", "sweep_targets", "adaptive, seed 1, sensitive target 0.5 (not 0.7), multiplier lr 1e-2"),
     ("sweep-targets-static", "sweep_targetsstatic", "learned-static twin of sweep-targets"),
+    ("sweep-faxa", "sweep_faxa", "adaptive, seed 1, FA-XA: the router picks full or XAttention per head"),
+    ("sweep-faxa-static", "sweep_faxastatic", "learned-static twin of sweep-faxa"),
+    ("sweep-xassa", "sweep_xassa", "adaptive, seed 1, XA-SSA: the router picks XAttention or streaming per head"),
+    ("sweep-xassa-static", "sweep_xassastatic", "learned-static twin of sweep-xassa"),
 ]
 SWEEPS = [  # (sweep group, its learned-static control: a group or a member, what the sweep changes)
     ("sweep-pool400", "static_s1", "pooling window 400 (the head-identity control ignores pooling)"),
@@ -49,6 +53,8 @@ SWEEPS = [  # (sweep group, its learned-static control: a group or a member, wha
     ("sweep-tauexp", "sweep-tauexp-static", "exponential temperature schedule, against its twin"),
     ("sweep-len4k", "sweep-len4k-static", "training prompts of 1K-4K, against its twin"),
     ("sweep-targets", "sweep-targets-static", "class targets 0.5 / 1.0, against its twin"),
+    ("sweep-faxa", "sweep-faxa-static", "configuration FA-XA, against its twin"),
+    ("sweep-xassa", "sweep-xassa-static", "configuration XA-SSA, against its twin"),
 ]
 
 
@@ -164,7 +170,8 @@ COLORS = {"full": "#000000", "adaptive": "#d62728", "learned-static": "#1f77b4",
           "static-task-probe": "#2ca02c", "static-classic-probe": "#98df8a", "ssa": "#9467bd", "sweep-pool400": "#ff7f0e", "sweep-mlr1e-2": "#e377c2",
           "sweep-mlr1e-2-static": "#17becf", "sweep-tauexp": "#bcbd22", "sweep-tauexp-static": "#8c564b",
           "sweep-len4k": "#ff9896", "sweep-len4k-static": "#c5b0d5", "sweep-targets": "#9edae5",
-          "sweep-targets-static": "#dbdb8d"}
+          "sweep-targets-static": "#dbdb8d", "sweep-faxa": "#393b79", "sweep-faxa-static": "#6b6ecf",
+          "sweep-xassa": "#637939", "sweep-xassa-static": "#b5cf6b"}
 
 
 def analyze(rows, a, rng, prefix, title):

@@ -59,7 +59,11 @@ MAIN=${MAIN:-1}
 # farther apart (sensitive 0.5, robust 1.0, with lr 1e-2 so they are reached: the adaptive router then has a reason
 # to route the classes differently, the static one cannot). A sweep that
 # leaves the head-identity input's training unchanged (pooling) is paired with static_s1; the others with a twin.
-SWEEPS=${SWEEPS-"pool400|--router-input pooled --multiplier-lr $MLR --pool 400;mlr1e-2|--router-input pooled --multiplier-lr 1e-2;mlr1e-2static|--router-input head-identity --multiplier-lr 1e-2;tauexp|--router-input pooled --multiplier-lr $MLR --tau-schedule exp;tauexpstatic|--router-input head-identity --multiplier-lr $MLR --tau-schedule exp;len4k|--router-input pooled --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160 --steps 250;len4kstatic|--router-input head-identity --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160 --steps 250;targets|--router-input pooled --multiplier-lr 1e-2 --target retrieval=0.5 --target qa=0.5;targetsstatic|--router-input head-identity --multiplier-lr 1e-2 --target retrieval=0.5 --target qa=0.5"}
+# Last, the paper's other two configurations (issue 22): FA-XA (full or XAttention heads) and XA-SSA (XAttention or
+# streaming heads), each with its learned-static twin, evaluated on the same prompts.
+SWEEPS=${SWEEPS-"pool400|--router-input pooled --multiplier-lr $MLR --pool 400;mlr1e-2|--router-input pooled --multiplier-lr 1e-2;mlr1e-2static|--router-input head-identity --multiplier-lr 1e-2;tauexp|--router-input pooled --multiplier-lr $MLR --tau-schedule exp;tauexpstatic|--router-input head-identity --multiplier-lr $MLR --tau-schedule exp;len4k|--router-input pooled --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160 --steps 250;len4kstatic|--router-input head-identity --multiplier-lr $MLR --builtin-len 1024,2048,4096 --max-len 4160 --steps 250;targets|--router-input pooled --multiplier-lr 1e-2 --target retrieval=0.5 --target qa=0.5;targetsstatic|--router-input head-identity --multiplier-lr 1e-2 --target retrieval=0.5 --target qa=0.5;\
+faxa|--router-input pooled --multiplier-lr $MLR --config fa-xa;faxastatic|--router-input head-identity --multiplier-lr $MLR --config fa-xa;\
+xassa|--router-input pooled --multiplier-lr $MLR --config xa-ssa;xassastatic|--router-input head-identity --multiplier-lr $MLR --config xa-ssa"}
 RANDOM_DRAWS=${RANDOM_DRAWS:-5}
 PROBE_PROMPTS=${PROBE_PROMPTS:-50}
 BUDGET=${BUDGET:-560}
