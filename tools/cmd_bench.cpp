@@ -345,10 +345,10 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
         double step_bytes = NAN, step_gbs = NAN;
 #ifdef ELASTIC_HAVE_CUDA
         if (gpu) {
-          // Warm-up: the first mode's, and every mode's with XAttention heads, whose first prefill allocates the
-          // lists and the estimator's scratch and plans its products (cuBLASLt loads kernels on first use).
-          const bool has_xattn = std::find(r.mode.begin(), r.mode.end(), HeadMode::XAttn) != r.mode.end();
-          if (mode == modes.front() || has_xattn) g->prefill(ids.data(), T, &r, nullptr, nullptr, false);
+          // Warm-up: one untimed prefill for every mode. A mode's first prefill can pay first-use costs the rest do
+          // not (XAttention heads allocate their lists and the estimator's scratch and plan its products; cuBLASLt
+          // loads kernels on first use), and with -r 1 the timed prefill would otherwise be that first one.
+          g->prefill(ids.data(), T, &r, nullptr, nullptr, false);
           for (int rep = 0; rep < o->reps; ++rep) {
             cuda::GpuPrefillStats st;
             g->prefill(ids.data(), T, &r, nullptr, nullptr, false, &st);
