@@ -59,11 +59,7 @@ TaskSample make_variable_tracking(const TaskSpec& spec, const Enc& enc, int targ
   std::vector<double> depths;
   for (int i = 0; i <= hops; ++i) depths.push_back(r.uniform());
   Context c = insert_needles(hay, needles, depths, enc);
-  TaskSample s;
-  s.task = spec.name;
-  s.task_class = "multi_hop";
-  s.metric = TaskMetric::MatchAll;
-  s.max_new_tokens = 30;
+  TaskSample s = start_sample(spec, "multi_hop", TaskMetric::MatchAll, 30);
   finish(s, f, c, enc, target);
   set_answers(s, vars, enc);
   return s;
@@ -142,11 +138,7 @@ TaskSample make_common_words(const TaskSpec& spec, const Enc& enc, int target, u
       if (std::find(cw.begin(), cw.end(), list[i]) != cw.end()) c.evidence.push_back({at, static_cast<int>(c.ids.size())});
     }
     pad_to(c, f.budget, enc);
-    TaskSample s;
-    s.task = spec.name;
-    s.task_class = "aggregation";
-    s.metric = TaskMetric::MatchAll;
-    s.max_new_tokens = 120;
+    TaskSample s = start_sample(spec, "aggregation", TaskMetric::MatchAll, 120);
     finish(s, f, c, enc, target);
     set_answers(s, cw, enc);
     return s;
@@ -212,11 +204,7 @@ TaskSample make_frequent_words(const TaskSpec& spec, const Enc& enc, int target,
     if (w < 3) c.evidence.push_back({at, static_cast<int>(c.ids.size())});
   }
   pad_to(c, f.budget, enc);
-  TaskSample s;
-  s.task = spec.name;
-  s.task_class = "aggregation";
-  s.metric = TaskMetric::MatchAll;
-  s.max_new_tokens = 50;
+  TaskSample s = start_sample(spec, "aggregation", TaskMetric::MatchAll, 50);
   finish(s, f, c, enc, target);
   set_answers(s, {vocab[0], vocab[1], vocab[2]}, enc);
   return s;

@@ -139,6 +139,15 @@ void pad_to(Context& c, int budget, const Enc& enc) {
   c.ids.resize(budget, pad);
 }
 
+TaskSample start_sample(const TaskSpec& spec, const std::string& task_class, TaskMetric metric, int max_new_tokens) {
+  TaskSample s;
+  s.task = spec.name;
+  s.task_class = task_class;
+  s.metric = metric;
+  s.max_new_tokens = max_new_tokens;
+  return s;
+}
+
 void finish(TaskSample& s, const Frame& f, const Context& c, const Enc& enc, int target) {
   s.prompt_ids.clear();
   s.prompt_ids.reserve(target);

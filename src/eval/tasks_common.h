@@ -52,6 +52,10 @@ Context insert_needles(const std::vector<int32_t>& hay, const std::vector<std::v
 // Pads a context to exactly `budget` tokens with newline tokens (text) / a fixed id (random-id mode).
 void pad_to(Context& c, int budget, const Enc& enc);
 
+// A new sample of `spec`: its class, metric and generation budget (0 for likelihood tasks); the generator then fills
+// the prompt (finish) and the answers.
+TaskSample start_sample(const TaskSpec& spec, const std::string& task_class, TaskMetric metric, int max_new_tokens);
+
 // Final assembly: head + context + tail; fills prompt_ids, input, evidence (shifted by the head). Checks the length.
 void finish(TaskSample& s, const Frame& f, const Context& c, const Enc& enc, int target);
 void set_answers(TaskSample& s, const std::vector<std::string>& answers, const Enc& enc);

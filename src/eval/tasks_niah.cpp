@@ -145,11 +145,7 @@ TaskSample make_niah(const TaskSpec& spec, const Enc& enc, int target, uint64_t 
     c = insert_needles(hay, needles, depths, enc);
   }
 
-  TaskSample s;
-  s.task = spec.name;
-  s.task_class = "retrieval";
-  s.metric = TaskMetric::MatchAll;
-  s.max_new_tokens = 128;
+  TaskSample s = start_sample(spec, "retrieval", TaskMetric::MatchAll, 128);
   // Evidence: only the needles that answer the query (distractor keys are not evidence).
   Context ev = c;
   ev.evidence.clear();

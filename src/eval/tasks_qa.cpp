@@ -125,11 +125,7 @@ TaskSample make_qa(const TaskSpec& spec, const Enc& enc, int target, uint64_t se
     }
     if (static_cast<int>(c.ids.size()) <= f.budget) {
       pad_to(c, f.budget, enc);
-      TaskSample s;
-      s.task = spec.name;
-      s.task_class = "qa";
-      s.metric = TaskMetric::MatchPart;
-      s.max_new_tokens = 32;
+      TaskSample s = start_sample(spec, "qa", TaskMetric::MatchPart, 32);
       finish(s, f, c, enc, target);
       set_answers(s, {answer}, enc);
       return s;

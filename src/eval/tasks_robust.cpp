@@ -142,11 +142,7 @@ TaskSample continuation(const TaskSpec& spec, const Enc& enc, int target, const 
   std::vector<int32_t> ids = stream_ids(enc, text_of_bytes, f.budget + kReferenceTokens, spec.name);
   Context c;
   c.ids.assign(ids.begin(), ids.begin() + f.budget);
-  TaskSample s;
-  s.task = spec.name;
-  s.task_class = cls;
-  s.metric = TaskMetric::Likelihood;
-  s.max_new_tokens = 0;
+  TaskSample s = start_sample(spec, cls, TaskMetric::Likelihood, 0);
   finish(s, f, c, enc, target);
   s.reference_ids.assign(ids.begin() + f.budget, ids.end());
   if (enc.text()) s.output = enc.tok->decode(s.reference_ids);
@@ -185,10 +181,7 @@ TaskSample sum_recap(const TaskSpec& spec, const Enc& enc, int target, uint64_t 
   std::string ref = para ? " The recorded events, first to last:" : " The logged events, in order:";
   for (size_t i = 0; i < events.size(); ++i) ref += std::string(i ? ";" : "") + " " + events[i];
   ref += ".";
-  TaskSample s;
-  s.task = spec.name;
-  s.task_class = "summarization";
-  s.metric = TaskMetric::Likelihood;
+  TaskSample s = start_sample(spec, "summarization", TaskMetric::Likelihood, 0);
   finish(s, f, c, enc, target);
   s.reference_ids = enc.ids(ref);
   s.output = ref;
@@ -211,10 +204,7 @@ TaskSample recap_last(const TaskSpec& spec, const Enc& enc, int target, uint64_t
   const Frame f = make_frame(spec, enc, target, head, tail, prefix, static_cast<int>(last.size()) + 8);
   std::vector<int32_t> hay = essay_ids(spec, enc, f.budget - static_cast<int>(last.size()), seed);
   Context c = insert_needles(hay, {last}, {1.0}, enc);  // depth 1: after the haystack's last token
-  TaskSample s;
-  s.task = spec.name;
-  s.task_class = "summarization";
-  s.metric = TaskMetric::Likelihood;
+  TaskSample s = start_sample(spec, "summarization", TaskMetric::Likelihood, 0);
   finish(s, f, c, enc, target);
   s.reference_ids = last;
   s.output = " " + sentence;
