@@ -111,6 +111,8 @@ main_ok() { [ "$MAIN" = 0 ] && return 0; local s; for s in $SEEDS; do [ -s $X/ad
 if [ -n "$RESTORE" ] && [ ! -f $X/restored ]; then
   log "restoring $RESTORE"
   tar xzf "$RESTORE/train_logs.tgz" -C . .ctl/heads_task_$L0.json .ctl/omega_matched.txt || exit 1
+  # The LONG phase's probe and matched Omega too, where that run got to them (else they are made here).
+  tar xzf "$RESTORE/train_logs.tgz" -C . --wildcards '.ctl/heads_task_*.json' '.ctl/omega_matched_*.txt' 2>/dev/null
   python3 - "$RESTORE/results.jsonl.gz" $X "$L0" <<'EOF2' || exit 1
 import gzip, json, os, sys
 out = {}

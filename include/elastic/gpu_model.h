@@ -80,7 +80,7 @@ struct GpuPrefillStats {
 struct GpuDecodeParts {
   enum Part {
     EmbedPlan,  // embedding row + the paged decode planner
-    Norms,      // RMSNorms before attention and MLP, and the final one (0 when folded into the products)
+    Norms,      // RMSNorms before attention and MLP, and the final one
     Qkv,        // q/k/v projection (one GEMV)
     QkvPost,    // q/k norms, RoPE, writing the new K/V into its pages
     Attention,  // paged decode attention (partial + merge)

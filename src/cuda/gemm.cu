@@ -26,7 +26,6 @@
 
 #include "elastic/cuda.h"
 #include "elastic/cuda_gemm.h"
-#include "elastic/cuda_ops.h"
 #include "gemv_small_m.cuh"
 
 namespace elastic::cuda {

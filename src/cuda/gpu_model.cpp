@@ -467,8 +467,8 @@ void GpuModel::Impl::decode_body(int B) {
   int32_t* io_pos = d_io + 2 * S; // [B] positions
   uint16_t* x = d_x.as<uint16_t>();
   // RMSNorm of the residual rows x into d_xn (the Norms part), then a product (bf16 out y, or fp32 out yf). `part` is
-  // marked after the product (kCount: the caller marks later). Folding the norm into the small-M product was measured
-  // slower (docs/PERFORMANCE.md, "One engine: before and after") and removed.
+  // marked after the product (kCount: the caller marks later). Folding the norm into the small-M product gave no
+  // measurable gain (docs/PERFORMANCE.md, "One engine: before and after") and was removed.
   auto normed_product = [&](const DeviceBuffer& gamma, const uint16_t* Wt, uint16_t* y, float* yf, int n_out,
                             GpuDecodeParts::Part part) {
     const uint16_t* g = gamma.as<uint16_t>();
