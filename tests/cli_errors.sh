@@ -189,7 +189,7 @@ expect_fail "head-identity" $BIN train-router -m $FX/qwen3_tiny --router-input c
 expect_fail "--router" $BIN route features -m $FX/qwen3_tiny
 expect_fail "--samples" $BIN route features -m $FX/qwen3_tiny --router x.safetensors --samples 1
 expect_fail "x.safetensors" $BIN route features -m $FX/qwen3_tiny --router x.safetensors
-expect_fail "route features: --length 16384 is more than the model's 128 positions" $BIN route features -m $FX/qwen3_tiny --router $TMP/router.safetensors --length 16384
+expect_fail "route features: --length 16384 exceeds the model's context of 128 tokens" $BIN route features -m $FX/qwen3_tiny --router $TMP/router.safetensors --length 16384
 expect_fail "--needles" $BIN probe -m $FX/qwen3_tiny --needles 100000
 expect_fail "--ctx-size" $BIN probe -m $FX/qwen3_tiny -c 99999999999
 expect_fail "--sparsity: 'nan' is not a finite number" $BIN route static --scores $TMP/heads.json --sparsity nan
@@ -234,7 +234,7 @@ expect_fail "--parallel" $S --parallel 100000
 expect_fail "--max-queue" $S --max-queue -1
 expect_fail "--max-queue" $S --max-queue 1e9
 expect_fail "--chunk" $S --chunk 0
-expect_fail "server: the context 100000 is more than the model's 128 positions" $S -c 100000
+expect_fail "server: the context 100000 exceeds the model's context of 128 tokens" $S -c 100000
 # Found by review: under an address-space limit the workers' threads could not all start, and the ones started were
 # left joinable (the process aborted); now a clear error. 8 GB of address space holds about 870 thread stacks of
 # 8 MiB (set: an unlimited stack limit would make them 2 MiB).

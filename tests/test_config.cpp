@@ -140,3 +140,18 @@ TEST(Config, DirectoryAndDeepJsonAreNamed) {
     EXPECT_NE(std::string(e.what()).find(d + "/overflow.json: malformed JSON"), std::string::npos) << e.what();
   }
 }
+
+// One rule for "past the model's positions" (bench rows, logits prompts, route features, the server's context).
+TEST(Config, RunsPastTheModelsPositionsAreRefused) {
+  elastic::ModelConfig c;
+  c.max_positions = 128;
+  EXPECT_NO_THROW(elastic::check_within_context(c, 128, "x"));
+  try {
+    elastic::check_within_context(c, 129, "bench: -c 129");
+    FAIL() << "129 positions on a 128-position model passed";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "bench: -c 129 exceeds the model's context of 128 tokens");
+  }
+  c.max_positions = 0;  // not known: nothing to check against
+  EXPECT_NO_THROW(elastic::check_within_context(c, int64_t{1} << 40, "x"));
+}

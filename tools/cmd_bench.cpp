@@ -302,9 +302,8 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     }
     // Before any buffer is sized for the longest row (a -c beyond the model's RoPE range is no measurement).
     const int64_t longest = *std::max_element(ctxs.begin(), ctxs.end()) + int64_t{gpu ? o->decode : 0};
-    if (m.config.max_positions > 0 && longest > m.config.max_positions)
-      throw std::runtime_error("bench: -c " + std::to_string(longest) + (gpu && o->decode ? " (with --decode)" : "") +
-                               " exceeds the model's context of " + std::to_string(m.config.max_positions) + " tokens");
+    check_within_context(m.config, longest,
+                         "bench: -c " + std::to_string(longest) + (gpu && o->decode ? " (with --decode)" : ""));
 #ifdef ELASTIC_HAVE_CUDA
     std::unique_ptr<cuda::GpuModel> g;
     if (gpu) {

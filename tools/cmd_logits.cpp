@@ -32,9 +32,7 @@ void add_logits_command(CLI::App& app, Commands& cmds) {
     Model m = Model::load(o->model);
     const RoutePolicy policy = route_policy(m.config, o->routing, o->mode, o->router);
     const int T = static_cast<int>(ids.size());
-    if (m.config.max_positions > 0 && T > m.config.max_positions)
-      throw std::runtime_error(o->ids + ": " + std::to_string(T) + " ids exceed the model's context " +
-                               std::to_string(m.config.max_positions));
+    check_within_context(m.config, T, o->ids + ": a prompt of " + std::to_string(T) + " ids");
     std::vector<float> logits;
     if (o->device == "cuda") {
 #ifdef ELASTIC_HAVE_CUDA

@@ -132,9 +132,7 @@ void add_route_command(CLI::App& app, Commands& cmds) {
     std::unique_ptr<Tokenizer> t = load_model_tokenizer(f->model, f->tok);
     const std::vector<int> lengths = parse_lengths(f->length);
     if (lengths.size() != 1) throw std::runtime_error("route features: --length takes one length");
-    if (m.config.max_positions > 0 && lengths[0] > m.config.max_positions)
-      throw std::runtime_error("route features: --length " + std::to_string(lengths[0]) + " is more than the model's " +
-                               std::to_string(m.config.max_positions) + " positions");
+    check_within_context(m.config, lengths[0], "route features: --length " + std::to_string(lengths[0]));
     TaskSpec ts;
     ts.haystack_file = f->hay;
     ts.code_corpus = f->code;

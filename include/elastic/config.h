@@ -1,5 +1,6 @@
 #pragma once
 // Model hyper-parameters read from a Hugging Face config.json (Qwen3ForCausalLM, LlamaForCausalLM).
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,11 @@ constexpr long long kMaxHeads = 4096;          // attention heads, KV heads, hea
 constexpr long long kMaxVocab = 1 << 24;       // vocab_size
 constexpr long long kMaxInt = (1LL << 31) - 1;  // positions and token ids: only an int
 }  // namespace config_limits
+
+// Throws std::runtime_error "<what> exceeds the model's context of N tokens" when n is more than c.max_positions (0:
+// not known, anything passes). Past its positions RoPE runs on angles the model never trained on, so a run that would
+// go there (a bench row, a prompt, a server's context) is refused before anything is sized for it.
+void check_within_context(const ModelConfig& c, int64_t n, const std::string& what);
 
 // Throws std::runtime_error naming `source` and the offending field.
 ModelConfig parse_config(const nlohmann::json& j, const std::string& source);

@@ -152,6 +152,11 @@ ModelConfig parse_config(const json& j, const std::string& src) {
   return c;
 }
 
+void check_within_context(const ModelConfig& c, int64_t n, const std::string& what) {
+  if (c.max_positions > 0 && n > c.max_positions)
+    throw std::runtime_error(what + " exceeds the model's context of " + std::to_string(c.max_positions) + " tokens");
+}
+
 ModelConfig load_config(const std::string& path) {
   return parse_config(read_json_file(path, "config file"), path);
 }

@@ -770,9 +770,8 @@ Server::Impl::Impl(Model m, const std::string& dir, ServerOptions o) : opts(std:
   check_options(opts);
   // Past the model's positions RoPE runs on angles it never trained on, and generate refuses it: so does the server
   // (it served a 300-token prompt on a 128-position model before).
-  if (opts.max_context > 0 && model.config.max_positions > 0 && opts.max_context > model.config.max_positions)
-    throw std::invalid_argument("server: the context " + std::to_string(opts.max_context) + " is more than the model's " +
-                                std::to_string(model.config.max_positions) + " positions");
+  if (opts.max_context > 0)
+    check_within_context(model.config, opts.max_context, "server: the context " + std::to_string(opts.max_context));
   ctx = opts.max_context > 0 ? opts.max_context : model.config.max_positions;
   if (ctx < 2) throw std::runtime_error("server: the context must hold at least 2 tokens, got " + std::to_string(ctx));
   std::vector<int32_t> eos = model.config.eos_ids;
