@@ -58,6 +58,12 @@ $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 4 --print-ids >/
 TR="$BIN train-router -m $FX/qwen3_tiny --steps 2 --batch 2 --max-len 256 --builtin-len 200,160 --builtin-samples 4 --local 64 --sink 0 --pool 16"
 $TR -o $TMP/router.safetensors --log $TMP/train.jsonl >/dev/null 2>&1 || { echo "FAIL: train-router"; fails=$((fails+1)); }
 [ -s $TMP/train_sparsity.svg ] && [ "$(wc -l < $TMP/train.jsonl)" -eq 2 ] || { echo "FAIL: train-router log/plots"; fails=$((fails+1)); }
+# Flags that change nothing or run past the model train on, with a warning naming them: a --target class no sample
+# has (a typo), a --max-len past the model's 128 positions (which $TR's 256 is).
+warn=$($TR --target retreival=0.5 -o $TMP/router_t.safetensors --log $TMP/train_t.jsonl 2>&1 >/dev/null)
+grep -qF "warning: train-router: --target retreival=0.5: no training sample has the class 'retreival'" <<<"$warn" &&
+  grep -qF "warning: train-router: --max-len 256 is more than the model's 128 positions" <<<"$warn" ||
+  { echo "FAIL: train-router warnings"; echo "$warn" | head -5; fails=$((fails+1)); }
 $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --router $TMP/router.safetensors >/dev/null 2>&1 || { echo "FAIL: generate --router"; fails=$((fails+1)); }
 expect_fail "router is for 2 layers x 2 KV heads x head_dim 32" $BIN generate -m $FX/llama_tiny --ids $FX/llama_tiny/ids.npy -n 2 --router $TMP/router.safetensors
 expect_fail "not an Elastic router file" $BIN generate -m $FX/qwen3_tiny --ids $FX/qwen3_tiny/ids.npy -n 2 --router $FX/qwen3_tiny/model.safetensors

@@ -117,6 +117,7 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
                         to.spec.dense_mode, to.spec.sparse_mode);
     to.spec.sparse.xattn.block = to.spec.sparse.block;
     to.log_jsonl = o->log;
+    std::vector<std::string> target_classes;  // the classes --target names, for the check against the data below
     for (const std::string& kv : o->targets) {
       const size_t eq = kv.find('=');
       if (eq == std::string::npos) throw std::runtime_error("--target '" + kv + "': expected CLASS=VALUE");
@@ -126,7 +127,8 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       const double v = std::strtod(text.c_str(), &end);
       if (text.empty() || *end) throw std::runtime_error("--target '" + kv + "': the value is not a number");
       if (!(v >= 0 && v <= 1)) throw std::runtime_error("--target '" + kv + "': the value must be in [0, 1]");
-      to.targets[kv.substr(0, eq)] = v;
+      target_classes.push_back(kv.substr(0, eq));
+      to.targets[target_classes.back()] = v;
     }
     Model m = Model::load(o->model);
     m.weights.widen();  // the CPU trainer's backward reads fp32 rows; the GPU upload widens to bf16 either way
@@ -181,12 +183,10 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       data.insert(data.end(), part.begin(), part.end());
     }
     // A --target for a class no sample has (a typo such as "retreival") would change nothing: say so.
-    for (const std::string& kv : o->targets) {
-      const std::string cls = kv.substr(0, kv.find('='));
+    for (const std::string& cls : target_classes)
       if (std::none_of(data.begin(), data.end(), [&](const TrainExample& e) { return e.task_class == cls; }))
-        std::fprintf(stderr, "warning: train-router: --target %s: no training sample has the class '%s'\n", kv.c_str(),
-                     cls.c_str());
-    }
+        std::fprintf(stderr, "warning: train-router: --target %s=%g: no training sample has the class '%s'\n",
+                     cls.c_str(), to.targets[cls], cls.c_str());
     std::vector<StepLog> logs;
     bool warned = false;
     Router r = train_router(
