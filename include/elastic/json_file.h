@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "elastic/text_file.h"
+
 namespace elastic {
 
 // nlohmann::json parses, copies, dumps and destroys nested values recursively, so 100,000 nested '[' overflow the
@@ -13,8 +15,9 @@ namespace elastic {
 inline constexpr int kMaxJsonDepth = 128;
 // JSON files are parsed into a tree of 10-25x their size (an array of empty arrays: 22x), and a tree that does not
 // fit ends the process (std::bad_alloc inside nlohmann's noexcept destructor: a 510 MB file under the former 512 MiB
-// cap did). 64 MiB is above any tokenizer.json (10-40 MB) and every other JSON file we read is kilobytes.
-inline constexpr uint64_t kMaxJsonFileBytes = 64ULL << 20;
+// cap did). So JSON takes the cap of every input parsed whole into larger structures (kMaxParsedInputBytes, 64 MiB),
+// above any tokenizer.json (10-40 MB); every other JSON file we read is kilobytes.
+inline constexpr uint64_t kMaxJsonFileBytes = kMaxParsedInputBytes;
 
 // Throws std::runtime_error "<source>: JSON nested deeper than <max_depth> levels (at byte N)". A scan of the
 // brackets outside strings; it does not validate anything else (the parser does).

@@ -12,8 +12,8 @@ namespace elastic {
 // Default cap on a file read whole into memory: 1 GiB, far above any config, tokenizer (~10 MB), data or prompt
 // file we read, far below what would exhaust memory by accident.
 inline constexpr uint64_t kMaxTextFileBytes = 1ULL << 30;
-// Cap on an input that a command turns whole into structures many times its size (a text to tokenize, a CSV to plot):
-// 64 MiB. Tokenizing holds about 25 bytes per input byte (16 MB of text: 406 MB resident), so at the 1 GiB cap those
+// Cap on an input that is turned whole into structures many times its size (a text to tokenize, a CSV to plot, a JSON
+// file: kMaxJsonFileBytes): 64 MiB. Tokenizing holds about 25 bytes per input byte (16 MB of text: 406 MB resident), so at the 1 GiB cap those
 // commands ran out of memory; a larger input is refused, naming the limit, and can be split.
 inline constexpr uint64_t kMaxParsedInputBytes = 64ULL << 20;
 
