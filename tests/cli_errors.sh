@@ -203,6 +203,10 @@ expect_fail "--sink: 100000000 is not in [0, 16777216]" $BIN route static --scor
 expect_fail "--sink" $BIN route static --scores $TMP/heads.json --sink 99999999999
 expect_fail "--local" $BIN route static --scores $TMP/heads.json --local 0
 expect_fail "--block" $BIN route static --scores $TMP/heads.json --block 96
+expect_fail "--xattn-tau: 0 is not in" $BIN route static --scores $TMP/heads.json --xattn-tau 0
+expect_fail "--xattn-tau: 'nan' is not a finite number" $BIN route static --scores $TMP/heads.json --xattn-tau nan
+expect_fail "--xattn-tau" $BIN bench -m $FX/qwen3_tiny --xattn-tau 1.5
+expect_fail "--xattn-stride" $BIN route static --scores $TMP/heads.json --xattn-stride 7
 echo '{"sink": 4294967360, "layers": [["ssa","full"],["full","full"]]}' > $TMP/routing_wrap.json
 expect_fail "routing_wrap.json: 'sink' 4294967360 is out of range" $G -n 2 --routing $TMP/routing_wrap.json
 expect_fail "--lr: 'nan' is not a finite number" $TR --lr nan

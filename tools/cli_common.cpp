@@ -97,6 +97,12 @@ void add_sparse_options(CLI::App* sub, SparseSettings& s, const std::string& wha
   sub->add_option("--block", s.block, "Sparse block size (64 or 128)" + what)->check(CLI::IsMember({64, 128}));
   sub->add_option("--sink", s.sink, "Streaming sink tokens" + what)->check(in_range(0, kMaxSparseWindow));
   sub->add_option("--local", s.local, "Streaming local window tokens" + what)->check(in_range(1, kMaxSparseWindow));
+  // XAttention's two knobs: tau sets how much softmax mass a query block keeps, so it sets the density (and the
+  // speed); the stride sets the estimate's cost (1/S of the score product).
+  sub->add_option("--xattn-tau", s.xattn.tau, "XAttention: softmax mass each query block keeps, in (0, 1]" + what)
+      ->check(positive_up_to(1));
+  sub->add_option("--xattn-stride", s.xattn.stride, "XAttention: antidiagonal stride (8 or 16)" + what)
+      ->check(CLI::IsMember({8, 16}));
 }
 
 std::string ids_json(const std::vector<int32_t>& ids) {
