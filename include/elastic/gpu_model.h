@@ -51,6 +51,10 @@ struct GpuOptions {
   // at 4 (H100, docs/PERFORMANCE.md). batch_invariant overrides it (one cuBLASLt algorithm for every batch size).
   // Printed with the plan.
   int small_m_rows = 2;
+  // Decode steps launch their kernels with programmatic dependent launch (src/cuda/programmatic_launch.cuh): each
+  // kernel's grid starts while the one before it finishes, and the projections start streaming their weights then.
+  // Same kernels, same arithmetic, same bits; off: plain stream order. Printed with the plan.
+  bool programmatic_launch = false;
   int chunk = 16384;    // prefill chunk; a multiple of the sparse block size when XAttention heads run
   bool graphs = true;   // decode through a CUDA graph
   int device = 0;

@@ -4,6 +4,7 @@
 #include "elastic/cuda.h"
 #include "bf16_dot.cuh"
 #include "gemv_small_m.cuh"
+#include "programmatic_launch.cuh"
 
 namespace elastic::cuda {
 namespace {
@@ -27,7 +28,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __res
                                                             float beta) {
   const int lane = threadIdx.x & 31;
   const int n = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  if (n >= N) return;
+  if (n >= N) return;  // reads and writes nothing
   const int K8 = K >> 3;
   const uint4* w = reinterpret_cast<const uint4*>(W + size_t(n) * K);
   const uint4* x = reinterpret_cast<const uint4*>(X);
@@ -40,15 +41,27 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __res
 #pragma unroll
   for (int r = 0; r < M; ++r) acc[r] = 0.f;
   int i = lane;
-  for (; i + (kInFlight - 1) * 32 < K8; i += kInFlight * 32) {
-    uint4 wv[kInFlight];
+  uint4 wv[kInFlight];
+  bool more = i + (kInFlight - 1) * 32 < K8;
+  // The first chunks of W go out before the wait: no kernel writes the weights, so under programmatic launch
+  // (programmatic_launch.cuh) they stream in while the kernel before this one finishes. X and Y only after it.
+  if (more) {
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) wv[u] = load_stream(w + i + u * 32);
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  while (more) {
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) step(wv[u], i + u * 32, acc);
+    i += kInFlight * 32;
+    more = i + (kInFlight - 1) * 32 < K8;
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) wv[u] = load_stream(w + i + u * 32);
+    }
   }
-  {  // the row's tail: every remaining chunk of this lane loaded before any is used
-    uint4 wv[kInFlight - 1];
+  {  // the row's tail: every remaining chunk of this lane (fewer than kInFlight) loaded before any is used
 #pragma unroll
     for (int u = 0; u < kInFlight - 1; ++u)
       if (i + u * 32 < K8) wv[u] = load_stream(w + i + u * 32);
@@ -80,8 +93,7 @@ void launch_rows(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, in
                 : M == 2 ? small_m_kernel<2, F32>
                 : M == 3 ? small_m_kernel<3, F32>
                          : small_m_kernel<4, F32>;
-  kernel<<<blocks, kThreads, 0, stream>>>(X, W, Y, N, K, bias, beta);
-  ELASTIC_CUDA_CHECK(cudaGetLastError());
+  launch_programmatic(kernel, blocks, kThreads, 0, stream, X, W, Y, N, K, bias, beta);
 }
 
 }  // namespace

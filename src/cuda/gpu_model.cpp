@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cuda/gpu_model_impl.h"
+#include "cuda/programmatic_launch.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_ops.h"
 #include "elastic/sparse_pattern.h"
@@ -459,6 +460,7 @@ void GpuModel::prefill(const int32_t* ids, int T, const RoutingTable* fixed, con
 }
 
 void GpuModel::Impl::decode_body(int B) {
+  const ProgrammaticLaunch pdl(o.programmatic_launch);  // this thread's launches (and their capture) below
   const int D = c.hidden, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim, F = c.intermediate, V = c.vocab;
   const int N = (Hq + 2 * Hkv) * hd, S = static_cast<int>(slots.size()), MU = max_units(B);
   cudaStream_t st = stream;

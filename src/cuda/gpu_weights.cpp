@@ -126,7 +126,8 @@ void GpuModel::Impl::init_common() {
                                      : gemm->small_m_rows() > 0
                                          ? "small-M kernel up to " + std::to_string(gemm->small_m_rows()) +
                                                " rows, cuBLASLt above"
-                                         : std::string("cuBLASLt"));
+                                         : std::string("cuBLASLt")) +
+                 (o.programmatic_launch ? "; decode launches programmatic (PDL)" : "");
   const int mu = max_units(S);  // max_units grows with the batch: S's covers every batch size
   const size_t dec_ws = size_t(paged_decode_workspace_floats(mu, Hq / Hkv, hd)) * 4;
   const size_t step_heads = size_t(c.n_layers) * S * Hkv;

@@ -17,6 +17,7 @@
 
 #include "elastic/cuda.h"
 #include "elastic/cuda_ops.h"
+#include "programmatic_launch.cuh"
 
 namespace elastic::cuda {
 namespace {
@@ -104,6 +105,8 @@ __device__ float block_sum(float v) {
 // One block per token; U is the copy unit (uint4 = 8 bf16, or one uint16_t). Raw bit copies: no rounding.
 template <class U>
 __global__ void embed_kernel(const U* table, const int32_t* ids, U* out, int du, int V) {
+  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
+  pdl_launch_dependents();
   const int t = blockIdx.x, id = ids[t];
   const bool ok = id >= 0 && id < V;
   const U* src = table + static_cast<size_t>(ok ? id : 0) * du;
@@ -118,6 +121,8 @@ __global__ void embed_kernel(const U* table, const int32_t* ids, U* out, int du,
 template <int VEC, bool ADD>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_kernel(const bf16* x, bf16* residual, const bf16* w, bf16* y, int n, float eps) {
+  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
+  pdl_launch_dependents();
   const size_t row = static_cast<size_t>(blockIdx.x) * n;
   const int nv = n / VEC;
   float ss = 0.f;
@@ -153,11 +158,11 @@ void launch_rmsnorm(const uint16_t* x, uint16_t* residual, const uint16_t* w, ui
                     cudaStream_t stream) {
   const bool vec = n % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y) && (!ADD || aligned16(residual));
   if (vec)
-    rmsnorm_kernel<8, ADD><<<rows, kThreads, 0, stream>>>(as_bf16(x), as_bf16(residual), as_bf16(w), as_bf16(y), n,
-                                                          eps);
+    launch_programmatic(rmsnorm_kernel<8, ADD>, rows, kThreads, 0, stream, as_bf16(x), as_bf16(residual), as_bf16(w),
+                        as_bf16(y), n, eps);
   else
-    rmsnorm_kernel<1, ADD><<<rows, kThreads, 0, stream>>>(as_bf16(x), as_bf16(residual), as_bf16(w), as_bf16(y), n,
-                                                          eps);
+    launch_programmatic(rmsnorm_kernel<1, ADD>, rows, kThreads, 0, stream, as_bf16(x), as_bf16(residual), as_bf16(w),
+                        as_bf16(y), n, eps);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -170,6 +175,8 @@ void launch_rmsnorm(const uint16_t* x, uint16_t* residual, const uint16_t* w, ui
 // fast math): at pos ~256K the angle is ~2.6e5 rad with an fp32 spacing of ~0.016 rad, an error the reference
 // implementations share because they form the same fp32 product.
 __global__ void qkv_post_kernel(QkvPostParams p) {
+  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
+  pdl_launch_dependents();
   const int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
   const int hd = p.head_dim, half = hd / 2, Hq = p.n_heads, Hkv = p.n_kv_heads;
   const int pos = p.pos_dev ? p.pos_dev[t] : (p.pos0_dev ? *p.pos0_dev : p.pos0) + t;
@@ -221,6 +228,8 @@ __global__ void qkv_post_kernel(QkvPostParams p) {
 
 template <int VEC>
 __global__ void swiglu_kernel(const bf16* gate_up, bf16* out, int T, int F) {
+  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
+  pdl_launch_dependents();
   const int64_t fv = F / VEC, total = static_cast<int64_t>(T) * fv;
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total;
        u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -261,6 +270,8 @@ __device__ __forceinline__ void take_max(float v, int i, float& bv, int& bi) {
 
 template <int VEC>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int V, int32_t* out) {
+  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
+  pdl_launch_dependents();
   const float* row = logits + static_cast<size_t>(blockIdx.x) * V;
   float bv = -INFINITY;
   int bi = INT_MAX;
@@ -342,10 +353,10 @@ void embed_rows_bf16(const uint16_t* table, const int32_t* ids, uint16_t* out, i
   if (T == 0) return;
   need(table && ids && out, fn, "null table, ids or out");
   if (D % 8 == 0 && aligned16(table) && aligned16(out))
-    embed_kernel<uint4><<<T, 128, 0, stream>>>(reinterpret_cast<const uint4*>(table), ids,
-                                               reinterpret_cast<uint4*>(out), D / 8, V);
+    launch_programmatic(embed_kernel<uint4>, T, 128, 0, stream, reinterpret_cast<const uint4*>(table), ids,
+                        reinterpret_cast<uint4*>(out), D / 8, V);
   else
-    embed_kernel<uint16_t><<<T, 128, 0, stream>>>(table, ids, out, D, V);
+    launch_programmatic(embed_kernel<uint16_t>, T, 128, 0, stream, table, ids, out, D, V);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -384,7 +395,7 @@ void qkv_post(const QkvPostParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   need(p.qkv && p.inv_freq && p.q_out && p.k_out && p.v_out, fn, "null qkv, inv_freq, q_out, k_out or v_out");
   const int threads = std::max(32, (p.head_dim / 2 + 31) / 32 * 32);
-  qkv_post_kernel<<<dim3(p.T, p.n_heads + p.n_kv_heads), threads, 0, stream>>>(p);
+  launch_programmatic(qkv_post_kernel, dim3(p.T, p.n_heads + p.n_kv_heads), threads, 0, stream, p);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -396,9 +407,11 @@ void swiglu_bf16(const uint16_t* gate_up, uint16_t* out, int T, int F, cudaStrea
   need(gate_up && out, fn, "null gate_up or out");
   const int64_t n = static_cast<int64_t>(T) * F;
   if (F % 8 == 0 && aligned16(gate_up) && aligned16(out))
-    swiglu_kernel<8><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(as_bf16(gate_up), as_bf16(out), T, F);
+    launch_programmatic(swiglu_kernel<8>, blocks_for(n / 8, kThreads), kThreads, 0, stream, as_bf16(gate_up),
+                        as_bf16(out), T, F);
   else
-    swiglu_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(as_bf16(gate_up), as_bf16(out), T, F);
+    launch_programmatic(swiglu_kernel<1>, blocks_for(n, kThreads), kThreads, 0, stream, as_bf16(gate_up),
+                        as_bf16(out), T, F);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -421,9 +434,9 @@ void argmax_rows_f32(const float* logits, int rows, int V, int32_t* out, cudaStr
   if (rows == 0) return;
   need(logits && out, fn, "null logits or out");
   if (V % 4 == 0 && aligned16(logits))
-    argmax_kernel<4><<<rows, kArgmaxThreads, 0, stream>>>(logits, V, out);
+    launch_programmatic(argmax_kernel<4>, rows, kArgmaxThreads, 0, stream, logits, V, out);
   else
-    argmax_kernel<1><<<rows, kArgmaxThreads, 0, stream>>>(logits, V, out);
+    launch_programmatic(argmax_kernel<1>, rows, kArgmaxThreads, 0, stream, logits, V, out);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 

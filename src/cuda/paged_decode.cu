@@ -22,6 +22,7 @@
 #include "cuda/mma_sync.cuh"
 #include "elastic/cuda.h"
 #include "elastic/cuda_paged_decode.h"
+#include "programmatic_launch.cuh"
 
 namespace elastic::cuda {
 namespace {
@@ -34,6 +35,8 @@ __device__ __forceinline__ uint4 load16(const __nv_bfloat16* p) { return __ldg(r
 
 template <int HD, int NT>
 __global__ void __launch_bounds__(kThreads) paged_decode_partial(const PagedDecodeParams p, float scale_log2) {
+  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
+  pdl_launch_dependents();
   constexpr int KI = HD / 32, VC = HD / 64, MT = HD / 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   __shared__ __align__(16) __nv_bfloat16 sp[kWarps][NT * 8][kPagedTile];  // P of this warp's tile, [head][key]
@@ -165,6 +168,8 @@ constexpr int kMergeWarps = 16;
 
 template <int HD>
 __global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge(const PagedDecodeParams p) {
+  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
+  pdl_launch_dependents();
   constexpr int PL = HD / 32;  // dims per lane, as PL / 2 float2 loads (a unit's row of HD + 2 floats is 8-byte aligned)
   __shared__ float s_o[kMergeWarps][HD], s_m[kMergeWarps], s_l[kMergeWarps];
   const int seq = blockIdx.x / p.n_heads, hq = blockIdx.x % p.n_heads, G = p.n_heads / p.n_kv_heads;
@@ -222,6 +227,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge(const Pag
 // depend on the others in the batch; 0: one cut for the layer's heads together.
 __global__ void paged_plan_kernel(PagedDecodeHead* heads, PagedDecodeUnit* units, int32_t* n_units, int n_kv_heads,
                                   int seq_heads, int max_units, int target_units) {
+  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
+  pdl_launch_dependents();
   const int l = blockIdx.x;
   PagedDecodeHead* H = heads + size_t(l) * n_kv_heads;
   PagedDecodeUnit* U = units + size_t(l) * max_units;
@@ -265,6 +272,8 @@ __global__ void paged_plan_kernel(PagedDecodeHead* heads, PagedDecodeUnit* units
 // grid (n_kv_heads), head_dim / 8 threads: 16 bytes each of K and V.
 __global__ void paged_append_kernel(const uint4* k_new, const uint4* v_new, const int64_t* rows, uint4* k_pool,
                                     uint4* v_pool, int head_dim) {
+  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
+  pdl_launch_dependents();
   const int h = blockIdx.x, i = threadIdx.x, per_row = head_dim / 8;
   const size_t dst = size_t(rows[h]) * per_row + i;
   k_pool[dst] = k_new[size_t(h) * per_row + i];
@@ -300,10 +309,11 @@ void launch(const PagedDecodeParams& p, cudaStream_t stream) {
   const int units = p.n_units_dev ? p.max_units : p.n_units;
   const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(HD));
   if (units > 0) {
-    paged_decode_partial<HD, NT><<<(units + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, scale_log2);
+    launch_programmatic(paged_decode_partial<HD, NT>, (units + kWarps - 1) / kWarps, kThreads, 0, stream, p,
+                        scale_log2);
     ELASTIC_CUDA_CHECK(cudaGetLastError());
   }
-  paged_decode_merge<HD><<<p.n_seqs * p.n_heads, kMergeWarps * 32, 0, stream>>>(p);
+  launch_programmatic(paged_decode_merge<HD>, p.n_seqs * p.n_heads, kMergeWarps * 32, 0, stream, p);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -348,8 +358,8 @@ void paged_decode_plan_device(PagedDecodeHead* heads, PagedDecodeUnit* units, in
   if (seq_heads < 0 || (seq_heads > 0 && (n_kv_heads % seq_heads || n_kv_heads / seq_heads > kPagedPlanMaxSeqs)))
     throw std::invalid_argument("paged_decode_plan_device: seq_heads must be 0 or divide n_kv_heads into at most " +
                                 std::to_string(kPagedPlanMaxSeqs) + " sequences");
-  paged_plan_kernel<<<n_layers, 256, 0, stream>>>(heads, units, n_units, n_kv_heads, seq_heads, max_units,
-                                                  target_units);
+  launch_programmatic(paged_plan_kernel, n_layers, 256, 0, stream, heads, units, n_units, n_kv_heads, seq_heads,
+                      max_units, target_units);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -357,9 +367,9 @@ void paged_append(const void* k_new, const void* v_new, const int64_t* rows, voi
                   int n_kv_heads, int head_dim, cudaStream_t stream) {
   if (head_dim % 8 || head_dim <= 0 || n_kv_heads <= 0)
     throw std::invalid_argument("paged_append: head_dim must be a positive multiple of 8");
-  paged_append_kernel<<<n_kv_heads, head_dim / 8, 0, stream>>>(
-      static_cast<const uint4*>(k_new), static_cast<const uint4*>(v_new), rows, static_cast<uint4*>(k_pool),
-      static_cast<uint4*>(v_pool), head_dim);
+  launch_programmatic(paged_append_kernel, n_kv_heads, head_dim / 8, 0, stream, static_cast<const uint4*>(k_new),
+                      static_cast<const uint4*>(v_new), rows, static_cast<uint4*>(k_pool), static_cast<uint4*>(v_pool),
+                      head_dim);
   ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -129,11 +129,24 @@ TEST_P(GpuBatch, BatchedDecodeMatchesLoneRunsAndCpu) {
     seqs.push_back({random_ids(lens[i], V, rng), random_ids(steps + more, V, rng), routing_kind(c, i)});
   auto batch = cuda::GpuModel::upload(m, options(1024, 256, 4));
   auto lone = cuda::GpuModel::upload(m, options(1024, 256, 1));
+  cuda::GpuOptions po = options(1024, 256, 4);
+  po.programmatic_launch = true;  // batch 4 runs cuBLASLt between our kernels, batch 2 the small-M kernel
+  auto batch_pdl = cuda::GpuModel::upload(m, po);
   EXPECT_EQ(batch->slots(), 4);
   std::vector<std::vector<float>> ref(4);
   for (int i = 0; i < 4; ++i) ref[i] = lone_logits(*lone, seqs[i], steps + more);
 
   for (int i = 0; i < 4; ++i) prefill_in_steps(*batch, i, seqs[i]);
+  for (int i = 0; i < 4; ++i) prefill_in_steps(*batch_pdl, i, seqs[i]);
+  // The same batches under programmatic dependent launch: the same kernels and arithmetic, so the same bits.
+  auto check_pdl = [&](const std::vector<int>& slots, const std::vector<int32_t>& ids, const std::vector<float>& got,
+                       const std::vector<int32_t>& next) {
+    std::vector<float> got_pdl;
+    std::vector<int32_t> next_pdl;
+    batch_pdl->decode_batch(slots, ids, &got_pdl, &next_pdl);
+    EXPECT_EQ(got_pdl, got) << "programmatic launch changed the logits";
+    EXPECT_EQ(next_pdl, next);
+  };
   // The CPU model, teacher-forced the same way.
   std::vector<KVCache> caches(4);
   for (int i = 0; i < 4; ++i) {
@@ -167,6 +180,7 @@ TEST_P(GpuBatch, BatchedDecodeMatchesLoneRunsAndCpu) {
     std::vector<float> got;
     batch->decode_batch(slots, ids, &got, &next);
     check_step(slots, i, got, next);
+    check_pdl(slots, ids, got, next);
   }
   for (int i = steps; i < steps + more; ++i) {
     const std::vector<int> slots = {3, 1};  // a batch of 2, out of slot order
@@ -174,6 +188,7 @@ TEST_P(GpuBatch, BatchedDecodeMatchesLoneRunsAndCpu) {
     std::vector<float> got;
     batch->decode_batch(slots, ids, &got, &next);
     check_step(slots, i, got, next);
+    check_pdl(slots, ids, got, next);
   }
   std::printf("[ batch ] %d of %d batched rows bitwise equal to their lone runs\n", bitwise, rows);
   EXPECT_EQ(batch->length(0), 500 + steps);

@@ -154,7 +154,11 @@ TEST_P(GpuModelTest, DecodeStepsMatchCpuWithAndWithoutGraphs) {
   std::mt19937_64 rng(seed);
   cuda::GpuOptions o = options(1024, 256);
   auto g_graph = cuda::GpuModel::upload(m, o);
+  o.programmatic_launch = true;  // the same kernels under programmatic dependent launch, captured: the same bits
+  auto g_pdl = cuda::GpuModel::upload(m, o);
   o.graphs = false;
+  auto g_eager_pdl = cuda::GpuModel::upload(m, o);
+  o.programmatic_launch = false;
   auto g_eager = cuda::GpuModel::upload(m, o);
   // 500 + 16 positions: step 12 crosses the page and block boundary at 512, where the page lists are uploaded
   // again and the streaming heads' windows move a block.
@@ -166,13 +170,20 @@ TEST_P(GpuModelTest, DecodeStepsMatchCpuWithAndWithoutGraphs) {
   cpu_prefill(m, ids, r, 256, cache, 1024);
   g_graph->prefill(ids.data(), int(ids.size()), &r, nullptr, nullptr, false);
   g_eager->prefill(ids.data(), int(ids.size()), &r, nullptr, nullptr, false);
+  g_pdl->prefill(ids.data(), int(ids.size()), &r, nullptr, nullptr, false);
+  g_eager_pdl->prefill(ids.data(), int(ids.size()), &r, nullptr, nullptr, false);
   for (size_t i = 0; i < next.size(); ++i) {
-    std::vector<float> ref, a, b;
+    std::vector<float> ref, a, b, c, d;
     m.forward(&next[i], 1, cache, ref, false);
     const int32_t ta = g_graph->decode(next[i], &a), tb = g_eager->decode(next[i], &b);
+    const int32_t tc = g_pdl->decode(next[i], &c), td = g_eager_pdl->decode(next[i], &d);
     EXPECT_LT(rel_err(a, ref), kTol) << "step " << i;
     EXPECT_EQ(a, b) << "graph replay differs from eager decode at step " << i;
+    EXPECT_EQ(c, a) << "programmatic launch (graph) differs from plain launch at step " << i;
+    EXPECT_EQ(d, a) << "programmatic launch (eager) differs from plain launch at step " << i;
     EXPECT_EQ(ta, tb);
+    EXPECT_EQ(tc, ta);
+    EXPECT_EQ(td, ta);
     EXPECT_EQ(ta, int32_t(std::max_element(a.begin(), a.end()) - a.begin()));
   }
   EXPECT_EQ(g_graph->length(), int(ids.size() + next.size()));
