@@ -2,7 +2,7 @@
 # GPU machine: the decode step with programmatic dependent launch (GpuOptions::programmatic_launch, `bench --pdl`)
 # against plain launches, in one call: first the GPU tests that hold the two to the same bits (graph and eager decode,
 # batched decode with cuBLASLt and the small-M kernel between our kernels) and the decode kernels' own tests, then
-# `elastic bench --device cuda --shape qwen3-4b --decode 32` without and with --pdl, alternating for ROUNDS rounds, so
+# `elastic bench --device cuda --shape qwen3-4b --decode 32` with --no-pdl and --pdl, alternating for ROUNDS rounds, so
 # clock drift falls on both. Binaries from .gpucarry (scripts/gpu_carry.sh). Logs and tables go to $OUT.
 # Env: LENGTHS (8k,32k,127k), MODES (full,hybrid@0.7), ROUNDS (2).
 set -u
@@ -13,7 +13,7 @@ GTEST_FILTER='*DecodeStepsMatchCpu*:*BatchedDecodeMatchesLoneRunsAndCpu*:PagedDe
 echo "tests rc=$?"; grep -E "^\[  (PASSED|FAILED) |FAILED|tests ran" "$O/pdl_tests.log" | tail -n 12
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for v in plain pdl; do
-    flag=; [ $v = pdl ] && flag=--pdl
+    flag=--no-pdl; [ $v = pdl ] && flag=--pdl
     timeout 240 $C/elastic bench --device cuda --shape qwen3-4b -c "${LENGTHS:-8k,32k,127k}" \
       --modes "${MODES:-full,hybrid@0.7}" --decode 32 -r 1 $flag > "$O/bench_${v}_$r.md" 2>&1
     echo "== $v round $r (rc=$?)"; grep -E "^\| .*(full|hybrid|ssa)" "$O/bench_${v}_$r.md" | head -n 12

@@ -174,7 +174,8 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                        out = "md";
     int layers = 0, vocab = 0, reps = 3, threads = 0, chunk = 16384, decode = 32, batch = 1;
     double kv_pool_gib = 0;
-    bool batch_invariant = false, pdl = false;
+    bool batch_invariant = false;
+    int pdl = -1;  // unset: GpuOptions' default (on); --pdl 1, --no-pdl 0
     int small_m_rows = -1;  // unset: GpuOptions' default
     std::string device = "cpu", attn_kernel, plot, text, density;
     uint64_t seed = 0;
@@ -225,9 +226,12 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                   "GPU: projections of up to this many rows through Elastic's small-M kernel instead of cuBLASLt "
                   "(GpuOptions::small_m_rows, default 2; 0 = cuBLASLt)")
       ->check(in_range(0, 4));
-  sub->add_flag("--pdl", o->pdl,
-               "GPU: decode steps launch their kernels with programmatic dependent launch "
-               "(GpuOptions::programmatic_launch)");
+  CLI::Option* pdl_on = sub->add_flag_callback(
+      "--pdl", [o] { o->pdl = 1; },
+      "GPU: decode steps launch their kernels with programmatic dependent launch (GpuOptions::programmatic_launch, "
+      "the default)");
+  sub->add_flag_callback("--no-pdl", [o] { o->pdl = 0; }, "GPU: decode steps launch their kernels plainly")
+      ->excludes(pdl_on);
   sub->add_option("--attn-kernel", o->attn_kernel,
                   "GPU: prefill attention kernel (default auto; the measurement variants run in bench_attention_gpu, "
                   "docs/CUDA_ATTENTION.md)")
@@ -250,9 +254,9 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     if (o->batch_invariant && o->small_m_rows > 0)
       throw std::runtime_error("bench: --small-m-rows and --batch-invariant exclude each other (batch invariance runs "
                                "one cuBLASLt algorithm for every batch size)");
-    if (!gpu && (o->batch != 1 || o->kv_pool_gib > 0 || o->batch_invariant || o->small_m_rows >= 0 || o->pdl))
-      throw std::runtime_error("bench: --batch, --kv-pool-gib, --batch-invariant, --small-m-rows and --pdl need "
-                               "--device cuda (the CPU bench times prefill only)");
+    if (!gpu && (o->batch != 1 || o->kv_pool_gib > 0 || o->batch_invariant || o->small_m_rows >= 0 || o->pdl >= 0))
+      throw std::runtime_error("bench: --batch, --kv-pool-gib, --batch-invariant, --small-m-rows and --pdl/--no-pdl "
+                               "need --device cuda (the CPU bench times prefill only)");
     if (!o->attn_kernel.empty()) {
       if (!gpu) throw std::runtime_error("bench: --attn-kernel needs --device cuda");
       std::fprintf(stderr, "bench: attention kernel %s\n", o->attn_kernel.c_str());
@@ -316,7 +320,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       go.slots = o->batch;
       go.batch_invariant = o->batch_invariant;
       if (o->small_m_rows >= 0) go.small_m_rows = o->small_m_rows;
-      go.programmatic_launch = o->pdl;
+      if (o->pdl >= 0) go.programmatic_launch = o->pdl == 1;
       go.kv_pool_bytes = static_cast<size_t>(o->kv_pool_gib * double(size_t(1) << 30));
       go.attention = cuda::attention_config_from_env();  // ELASTIC_ATTN_OPTS still applies; --attn-kernel names the kernel
       if (!o->attn_kernel.empty())  // the flag wins over ELASTIC_ATTN_KERNEL

@@ -53,8 +53,9 @@ struct GpuOptions {
   int small_m_rows = 2;
   // Decode steps launch their kernels with programmatic dependent launch (src/cuda/programmatic_launch.cuh): each
   // kernel's grid starts while the one before it finishes, and the projections start streaming their weights then.
-  // Same kernels, same arithmetic, same bits; off: plain stream order. Printed with the plan.
-  bool programmatic_launch = false;
+  // Same kernels, same arithmetic, same bits; off: plain stream order. On: measured 6% more decode tokens/s at 8K and
+  // 2-3% at 127K (H100, docs/PERFORMANCE.md). Printed with the plan.
+  bool programmatic_launch = true;
   int chunk = 16384;    // prefill chunk; a multiple of the sparse block size when XAttention heads run
   bool graphs = true;   // decode through a CUDA graph
   int device = 0;

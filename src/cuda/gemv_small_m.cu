@@ -28,7 +28,11 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __res
                                                             float beta) {
   const int lane = threadIdx.x & 31;
   const int n = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  if (n >= N) return;  // reads and writes nothing
+  if (n >= N) {  // a tail warp: nothing to compute, but it waits like the rest (no CTA leaves before its wait)
+    pdl_wait();
+    pdl_launch_dependents();
+    return;
+  }
   const int K8 = K >> 3;
   const uint4* w = reinterpret_cast<const uint4*>(W + size_t(n) * K);
   const uint4* x = reinterpret_cast<const uint4*>(X);
@@ -49,7 +53,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __res
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) wv[u] = load_stream(w + i + u * 32);
   }
-  pdl_wait();
+  pdl_wait();  // X (and Y below) only after it: griddepcontrol.wait makes the previous grid's writes visible here
   pdl_launch_dependents();
   while (more) {
 #pragma unroll

@@ -118,6 +118,12 @@ void GpuModel::Impl::init_common() {
   plan.kv_pool = size_t(n_pages) * page_bytes() * 2;  // the K and V pools
   target_units = paged_target_units();
   if (!o.attention) o.attention = attention_config_from_env();  // read once: no launch reads the environment
+  // Programmatic launches captured into graphs need a driver of CUDA 12.3 or later (programmatic graph edges); an
+  // older driver decodes with plain launches, and the plan says so.
+  int driver = 0;
+  ELASTIC_CUDA_CHECK(cudaDriverGetVersion(&driver));
+  const bool pdl_too_old = o.programmatic_launch && driver < 12030;
+  if (pdl_too_old) o.programmatic_launch = false;
   plan.kernels = "attention " + describe_attention(*o.attention, Hq, Hkv) + "; decode " + describe_paged_decode() +
                  (o.batch_invariant ? ", batch-invariant (GEMM algorithms pinned to " + std::to_string(o.slots) +
                                           " rows, units cut per sequence)"
@@ -127,7 +133,10 @@ void GpuModel::Impl::init_common() {
                                          ? "small-M kernel up to " + std::to_string(gemm->small_m_rows()) +
                                                " rows, cuBLASLt above"
                                          : std::string("cuBLASLt")) +
-                 (o.programmatic_launch ? "; decode launches programmatic (PDL)" : "");
+                 (o.programmatic_launch ? "; decode launches programmatic (PDL)"
+                  : pdl_too_old ? "; decode launches plain (driver " + std::to_string(driver / 1000) + "." +
+                                      std::to_string(driver % 1000 / 10) + " predates programmatic launch in graphs)"
+                                : std::string("; decode launches plain"));
   const int mu = max_units(S);  // max_units grows with the batch: S's covers every batch size
   const size_t dec_ws = size_t(paged_decode_workspace_floats(mu, Hq / Hkv, hd)) * 4;
   const size_t step_heads = size_t(c.n_layers) * S * Hkv;
@@ -267,6 +276,9 @@ std::unique_ptr<GpuModel> GpuModel::upload(const Model& m, const GpuOptions& o) 
     g.w_down = upload_bf16(L.w_down);
     im->layers.push_back(std::move(g));
   }
+  // A pageable cudaMemcpy may return before its DMA lands, and the model's stream does not wait for the legacy
+  // stream (cudaStreamNonBlocking): the first prefill must not read weights still in flight.
+  ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
   im->init_common();
   return std::unique_ptr<GpuModel>(new GpuModel(std::move(im)));
 }

@@ -13,6 +13,8 @@
 //     of the stream writes or reads; only its constant inputs (weights) may be read before;
 //   * it calls pdl_launch_dependents after its pdl_wait, so at most one grid waits ahead of the running one (no chain
 //     of waiting grids filling the SMs), and when pdl_wait returns, every earlier kernel has completed;
+//   * no thread returns before its pdl_wait (early exits come after it): a grid whose CTAs all left without waiting
+//     would complete, and release the next grid's wait, while its own predecessor still runs;
 //   * without the launch attribute (no enabled ProgrammaticLaunch scope, programmatic_launch.h) both instructions are
 //     no-ops and the kernels run in plain stream order, with the same arithmetic: the same bits either way.
 // The attribute is set only inside a ProgrammaticLaunch scope: GpuModel's decode step, when GpuOptions::
@@ -26,6 +28,12 @@
 #include "programmatic_launch.h"
 
 namespace elastic::cuda {
+
+// The host sets the attribute whatever the device code was built for: a pass without griddepcontrol would let
+// grids overlap with no wait, so device code for anything older than sm_90 must not build.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "programmatic_launch.cuh needs sm_90 or newer device code (griddepcontrol)"
+#endif
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -127,7 +127,9 @@ TEST_P(GpuBatch, BatchedDecodeMatchesLoneRunsAndCpu) {
   const int lens[4] = {500, 300, 130, 64};
   for (int i = 0; i < 4; ++i)
     seqs.push_back({random_ids(lens[i], V, rng), random_ids(steps + more, V, rng), routing_kind(c, i)});
-  auto batch = cuda::GpuModel::upload(m, options(1024, 256, 4));
+  cuda::GpuOptions plain = options(1024, 256, 4);
+  plain.programmatic_launch = false;
+  auto batch = cuda::GpuModel::upload(m, plain);
   auto lone = cuda::GpuModel::upload(m, options(1024, 256, 1));
   cuda::GpuOptions po = options(1024, 256, 4);
   po.programmatic_launch = true;  // batch 4 runs cuBLASLt between our kernels, batch 2 the small-M kernel

@@ -153,6 +153,7 @@ TEST_P(GpuModelTest, DecodeStepsMatchCpuWithAndWithoutGraphs) {
   Model m = make_model(GetParam(), seed);
   std::mt19937_64 rng(seed);
   cuda::GpuOptions o = options(1024, 256);
+  o.programmatic_launch = false;  // plain stream order: a, b
   auto g_graph = cuda::GpuModel::upload(m, o);
   o.programmatic_launch = true;  // the same kernels under programmatic dependent launch, captured: the same bits
   auto g_pdl = cuda::GpuModel::upload(m, o);
