@@ -4,7 +4,7 @@
 # batched decode with cuBLASLt and the small-M kernel between our kernels) and the decode kernels' own tests, then
 # `elastic bench --device cuda --shape qwen3-4b --decode 32` with --no-pdl and --pdl, alternating for ROUNDS rounds, so
 # clock drift falls on both. Binaries from .gpucarry (scripts/gpu_carry.sh). Logs and tables go to $OUT.
-# Env: LENGTHS (8k,32k,127k), MODES (full,hybrid@0.7), ROUNDS (2).
+# Env: LENGTHS (8k,32k,127k), MODES (full,hybrid@0.7), ROUNDS (2), WITH_KERNEL (below).
 set -u
 . "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$O/gpu.txt"
@@ -19,3 +19,9 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     echo "== $v round $r (rc=$?)"; grep -E "^\| .*(full|hybrid|ssa)" "$O/bench_${v}_$r.md" | head -n 12
   done
 done
+# WITH_KERNEL=1: then the kernel-level decode table and PyTorch's SDPA decode anchor of the same shape, same call
+# (issue 21's kernel targets): scripts/gpu_paged_decode.sh without its test runs.
+if [ -n "${WITH_KERNEL:-}" ]; then
+  DECODE_FLAG=--paged SKIP_ALL_TESTS=1 timeout 300 bash scripts/gpu_paged_decode.sh > "$O/paged.log" 2>&1
+  echo "paged rc=$?"; tail -n 8 "$O/sdpa_decode.md" 2>/dev/null
+fi
