@@ -29,8 +29,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __res
   const int lane = threadIdx.x & 31;
   const int n = blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (n >= N) {  // a tail warp: nothing to compute, but it waits like the rest (no CTA leaves before its wait)
-    pdl_wait();
-    pdl_launch_dependents();
+    pdl_enter();
     return;
   }
   const int K8 = K >> 3;
@@ -53,8 +52,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const uint16_t* __res
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) wv[u] = load_stream(w + i + u * 32);
   }
-  pdl_wait();  // X (and Y below) only after it: griddepcontrol.wait makes the previous grid's writes visible here
-  pdl_launch_dependents();
+  pdl_enter();  // X (and Y below) only after it: griddepcontrol.wait makes the previous grid's writes visible here
   while (more) {
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) step(wv[u], i + u * 32, acc);

@@ -105,8 +105,7 @@ __device__ float block_sum(float v) {
 // One block per token; U is the copy unit (uint4 = 8 bf16, or one uint16_t). Raw bit copies: no rounding.
 template <class U>
 __global__ void embed_kernel(const U* table, const int32_t* ids, U* out, int du, int V) {
-  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
-  pdl_launch_dependents();
+  pdl_enter();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
   const int t = blockIdx.x, id = ids[t];
   const bool ok = id >= 0 && id < V;
   const U* src = table + static_cast<size_t>(ok ? id : 0) * du;
@@ -121,8 +120,7 @@ __global__ void embed_kernel(const U* table, const int32_t* ids, U* out, int du,
 template <int VEC, bool ADD>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_kernel(const bf16* x, bf16* residual, const bf16* w, bf16* y, int n, float eps) {
-  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
-  pdl_launch_dependents();
+  pdl_enter();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
   const size_t row = static_cast<size_t>(blockIdx.x) * n;
   const int nv = n / VEC;
   float ss = 0.f;
@@ -163,7 +161,6 @@ void launch_rmsnorm(const uint16_t* x, uint16_t* residual, const uint16_t* w, ui
   else
     launch_programmatic(rmsnorm_kernel<1, ADD>, rows, kThreads, 0, stream, as_bf16(x), as_bf16(residual), as_bf16(w),
                         as_bf16(y), n, eps);
-  ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- q/k/v post-processing -----------------------------------------------------------------------------------
@@ -175,8 +172,7 @@ void launch_rmsnorm(const uint16_t* x, uint16_t* residual, const uint16_t* w, ui
 // fast math): at pos ~256K the angle is ~2.6e5 rad with an fp32 spacing of ~0.016 rad, an error the reference
 // implementations share because they form the same fp32 product.
 __global__ void qkv_post_kernel(QkvPostParams p) {
-  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
-  pdl_launch_dependents();
+  pdl_enter();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
   const int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
   const int hd = p.head_dim, half = hd / 2, Hq = p.n_heads, Hkv = p.n_kv_heads;
   const int pos = p.pos_dev ? p.pos_dev[t] : (p.pos0_dev ? *p.pos0_dev : p.pos0) + t;
@@ -228,8 +224,7 @@ __global__ void qkv_post_kernel(QkvPostParams p) {
 
 template <int VEC>
 __global__ void swiglu_kernel(const bf16* gate_up, bf16* out, int T, int F) {
-  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
-  pdl_launch_dependents();
+  pdl_enter();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
   const int64_t fv = F / VEC, total = static_cast<int64_t>(T) * fv;
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total;
        u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -270,8 +265,7 @@ __device__ __forceinline__ void take_max(float v, int i, float& bv, int& bi) {
 
 template <int VEC>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int V, int32_t* out) {
-  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
-  pdl_launch_dependents();
+  pdl_enter();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
   const float* row = logits + static_cast<size_t>(blockIdx.x) * V;
   float bv = -INFINITY;
   int bi = INT_MAX;
@@ -357,7 +351,6 @@ void embed_rows_bf16(const uint16_t* table, const int32_t* ids, uint16_t* out, i
                         reinterpret_cast<uint4*>(out), D / 8, V);
   else
     launch_programmatic(embed_kernel<uint16_t>, T, 128, 0, stream, table, ids, out, D, V);
-  ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
 void rmsnorm_bf16_stream(const uint16_t* x, const uint16_t* w, uint16_t* y, int rows, int n, float eps,
@@ -396,7 +389,6 @@ void qkv_post(const QkvPostParams& p, cudaStream_t stream) {
   need(p.qkv && p.inv_freq && p.q_out && p.k_out && p.v_out, fn, "null qkv, inv_freq, q_out, k_out or v_out");
   const int threads = std::max(32, (p.head_dim / 2 + 31) / 32 * 32);
   launch_programmatic(qkv_post_kernel, dim3(p.T, p.n_heads + p.n_kv_heads), threads, 0, stream, p);
-  ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
 void swiglu_bf16(const uint16_t* gate_up, uint16_t* out, int T, int F, cudaStream_t stream) {
@@ -412,7 +404,6 @@ void swiglu_bf16(const uint16_t* gate_up, uint16_t* out, int T, int F, cudaStrea
   else
     launch_programmatic(swiglu_kernel<1>, blocks_for(n, kThreads), kThreads, 0, stream, as_bf16(gate_up),
                         as_bf16(out), T, F);
-  ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_inplace_bf16(uint16_t* y, const uint16_t* x, int64_t n, cudaStream_t stream) {
@@ -437,7 +428,6 @@ void argmax_rows_f32(const float* logits, int rows, int V, int32_t* out, cudaStr
     launch_programmatic(argmax_kernel<4>, rows, kArgmaxThreads, 0, stream, logits, V, out);
   else
     launch_programmatic(argmax_kernel<1>, rows, kArgmaxThreads, 0, stream, logits, V, out);
-  ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
 void fill_uniform_bf16(uint16_t* x, int64_t n, uint64_t seed, float scale, cudaStream_t stream) {

@@ -35,8 +35,7 @@ __device__ __forceinline__ uint4 load16(const __nv_bfloat16* p) { return __ldg(r
 
 template <int HD, int NT>
 __global__ void __launch_bounds__(kThreads) paged_decode_partial(const PagedDecodeParams p, float scale_log2) {
-  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
-  pdl_launch_dependents();
+  pdl_enter();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
   constexpr int KI = HD / 32, VC = HD / 64, MT = HD / 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   __shared__ __align__(16) __nv_bfloat16 sp[kWarps][NT * 8][kPagedTile];  // P of this warp's tile, [head][key]
@@ -168,8 +167,7 @@ constexpr int kMergeWarps = 16;
 
 template <int HD>
 __global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge(const PagedDecodeParams p) {
-  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
-  pdl_launch_dependents();
+  pdl_enter();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
   constexpr int PL = HD / 32;  // dims per lane, as PL / 2 float2 loads (a unit's row of HD + 2 floats is 8-byte aligned)
   __shared__ float s_o[kMergeWarps][HD], s_m[kMergeWarps], s_l[kMergeWarps];
   const int seq = blockIdx.x / p.n_heads, hq = blockIdx.x % p.n_heads, G = p.n_heads / p.n_kv_heads;
@@ -227,8 +225,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge(const Pag
 // depend on the others in the batch; 0: one cut for the layer's heads together.
 __global__ void paged_plan_kernel(PagedDecodeHead* heads, PagedDecodeUnit* units, int32_t* n_units, int n_kv_heads,
                                   int seq_heads, int max_units, int target_units) {
-  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
-  pdl_launch_dependents();
+  pdl_enter();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
   const int l = blockIdx.x;
   PagedDecodeHead* H = heads + size_t(l) * n_kv_heads;
   PagedDecodeUnit* U = units + size_t(l) * max_units;
@@ -272,8 +269,7 @@ __global__ void paged_plan_kernel(PagedDecodeHead* heads, PagedDecodeUnit* units
 // grid (n_kv_heads), head_dim / 8 threads: 16 bytes each of K and V.
 __global__ void paged_append_kernel(const uint4* k_new, const uint4* v_new, const int64_t* rows, uint4* k_pool,
                                     uint4* v_pool, int head_dim) {
-  pdl_wait();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
-  pdl_launch_dependents();
+  pdl_enter();  // programmatic_launch.cuh: before the first read of an earlier kernel's output
   const int h = blockIdx.x, i = threadIdx.x, per_row = head_dim / 8;
   const size_t dst = size_t(rows[h]) * per_row + i;
   k_pool[dst] = k_new[size_t(h) * per_row + i];
@@ -311,10 +307,8 @@ void launch(const PagedDecodeParams& p, cudaStream_t stream) {
   if (units > 0) {
     launch_programmatic(paged_decode_partial<HD, NT>, (units + kWarps - 1) / kWarps, kThreads, 0, stream, p,
                         scale_log2);
-    ELASTIC_CUDA_CHECK(cudaGetLastError());
   }
   launch_programmatic(paged_decode_merge<HD>, p.n_seqs * p.n_heads, kMergeWarps * 32, 0, stream, p);
-  ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -360,7 +354,6 @@ void paged_decode_plan_device(PagedDecodeHead* heads, PagedDecodeUnit* units, in
                                 std::to_string(kPagedPlanMaxSeqs) + " sequences");
   launch_programmatic(paged_plan_kernel, n_layers, 256, 0, stream, heads, units, n_units, n_kv_heads, seq_heads,
                       max_units, target_units);
-  ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
 void paged_append(const void* k_new, const void* v_new, const int64_t* rows, void* k_pool, void* v_pool,
@@ -370,7 +363,6 @@ void paged_append(const void* k_new, const void* v_new, const int64_t* rows, voi
   launch_programmatic(paged_append_kernel, n_kv_heads, head_dim / 8, 0, stream, static_cast<const uint4*>(k_new),
                       static_cast<const uint4*>(v_new), rows, static_cast<uint4*>(k_pool), static_cast<uint4*>(v_pool),
                       head_dim);
-  ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
 void paged_scatter(const void* src, int T, int n_kv_heads, int head_dim, const int32_t* page_map, int map_stride,

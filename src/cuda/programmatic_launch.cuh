@@ -9,7 +9,7 @@
 // earlier kernel (a projection's weights) it may load before its wait, so those bytes stream in meanwhile.
 //
 // Rules that keep it correct:
-//   * a kernel launched with launch_programmatic calls pdl_wait before it reads or writes anything an earlier kernel
+//   * a kernel launched with launch_programmatic calls pdl_wait (pdl_enter) before it reads or writes anything an earlier kernel
 //     of the stream writes or reads; only its constant inputs (weights) may be read before;
 //   * it calls pdl_launch_dependents after its pdl_wait, so at most one grid waits ahead of the running one (no chain
 //     of waiting grids filling the SMs), and when pdl_wait returns, every earlier kernel has completed;
@@ -47,8 +47,15 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// A PDL kernel's entry, in the order the rules above ask: wait for the previous grid, then let the next one launch.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute inside an enabled ProgrammaticLaunch
 // scope. Only for kernels that call pdl_wait before touching their predecessors' data (see the rules above).
+// Checks the launch's own result (ELASTIC_CUDA_CHECK), so callers need no cudaGetLastError after it.
 template <typename... KArgs, typename... Args>
 void launch_programmatic(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                          Args&&... args) {
