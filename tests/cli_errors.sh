@@ -127,6 +127,7 @@ expect_fail "--batch, --kv-pool-gib, --batch-invariant, --small-m-rows and --pdl
 expect_fail "--pdl/--no-pdl need --device cuda" $BIN bench --small-m-rows 4
 expect_fail "--pdl/--no-pdl need --device cuda" $BIN bench --pdl
 expect_fail "--pdl/--no-pdl need --device cuda" $BIN bench --no-pdl
+expect_fail "--pdl excludes --no-pdl" $BIN bench --device cuda --pdl --no-pdl
 expect_fail "--fuse-norms" $BIN bench --fuse-norms
 expect_fail "--small-m-rows and --batch-invariant exclude each other" $BIN bench --device cuda --small-m-rows 4 --batch-invariant
 expect_fail "route init: give -m MODEL or --shape NAME" $BIN route init -o /dev/null
