@@ -105,10 +105,12 @@ RoutingTable routing_for(const std::string& mode, const ModelConfig& c, const Sp
   return r;
 }
 
-// Fraction of the causal key blocks the routing computes, from the patterns' block rules alone (NaN where a pattern
-// has an estimator, XAttention: its blocks depend on the input). The GPU path reports this; the CPU path counts
-// pairs as it runs. One count per pattern, weighted by its heads.
-double routed_block_ratio(const RoutingTable& r, int T) {
+// Fraction of the causal key blocks the routing computes, from the patterns' block rules, and for XAttention (whose
+// blocks depend on the input) from `xa_kept`: the blocks its query heads kept, as the GPU estimator counted them
+// (GpuPrefillStats::xattn_kept_blocks over `group` query heads per KV head; NaN where not measured: the ratio is then
+// NaN too). The GPU path reports this; the CPU path counts pairs as it runs. One count per pattern, weighted by its
+// heads.
+double routed_block_ratio(const RoutingTable& r, int T, double xa_kept = NAN, int group = 1) {
   const int B = r.sparse.block, nb = (T + B - 1) / B;
   std::vector<int64_t> heads(n_sparse_patterns(), 0);
   for (HeadMode m : r.mode) ++heads.at(static_cast<size_t>(m));
@@ -117,7 +119,11 @@ double routed_block_ratio(const RoutingTable& r, int T) {
   for (size_t i = 0; i < heads.size(); ++i) {
     if (!heads[i]) continue;
     const HeadMode m = static_cast<HeadMode>(i);
-    if (sparse_pattern(m).select) return NAN;
+    if (sparse_pattern(m).select) {  // the heads' measured blocks, per KV head
+      if (!std::isfinite(xa_kept)) return NAN;
+      kept += xa_kept / group;
+      continue;
+    }
     double k = 0;
     for (int qb = 0; qb < nb; ++qb)
       for (int kb = 0; kb <= qb; ++kb) k += pattern_holds(m, qb, kb, r.sparse);
@@ -356,11 +362,13 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
           // not (XAttention heads allocate their lists and the estimator's scratch and plan its products; cuBLASLt
           // loads kernels on first use), and with -r 1 the timed prefill would otherwise be that first one.
           g->prefill(ids.data(), T, &r, nullptr, nullptr, false);
+          double xa_kept = NAN;  // the last repeat's kept XAttention blocks (the same input every repeat)
           for (int rep = 0; rep < o->reps; ++rep) {
             cuda::GpuPrefillStats st;
             g->prefill(ids.data(), T, &r, nullptr, nullptr, false, &st);
             tok_s.push_back(T / (st.total_ms / 1e3));
             attn_ms.push_back(st.attention_ms);
+            xa_kept = static_cast<double>(st.xattn_kept_blocks);
           }
           if (o->decode > 0) {
             // The prompt forked into every other slot (the same K/V, pages of its own), then each step feeds every
@@ -395,7 +403,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
             }
             for (int b = 1; b < B; ++b) g->release(b);
           }
-          flops = routed_block_ratio(r, T);
+          flops = routed_block_ratio(r, T, xa_kept, m.config.n_heads / m.config.n_kv_heads);
         }
 #endif
         for (int rep = 0; !gpu && rep < o->reps; ++rep) {

@@ -116,7 +116,7 @@ KVHeadMeta make_kv_head_meta(HeadMode mode, int sink, int local, int block);
 // work at the tensor-core rate (xattn_estimate_gemm.cu). It needs `gemm` and a `scratch` of xattn_gemm_scratch_bytes.
 // Simple (fp32), TensorCore (mma.sync, one or two passes) and TensorCoreTwoPass are the earlier forms, kept as
 // measurement variants in the dev area (dev/cuda/xattn_estimate_variants.h); xattn_estimate_cuda refuses them.
-enum class XAttnEstimateKernel { Auto, TensorCore, Simple, TensorCoreTwoPass, Gemm };
+enum class XAttnEstimateKernel { Auto, TensorCore, Simple, TensorCoreTwoPass, Gemm, Fused };
 class Gemm;
 struct XAttnEstimateParams {
   const uint16_t* q = nullptr;  // [T, Hq, hd] bf16
@@ -144,5 +144,10 @@ void xattn_estimate_cuda(const XAttnEstimateParams& p, cudaStream_t stream);
 // caller runs bound every call), with n_kv_heads KV heads scored (at most all), for this GQA shape and stride.
 size_t xattn_gemm_scratch_bytes(int T, int n_pos, int n_kv_heads, int n_heads_per_kv, int head_dim, int stride);
 inline int64_t xattn_list_capacity(int n_heads, int nb) { return int64_t(n_heads) * nb * (nb + 1) / 2; }
+// Adds to *total (device) the key blocks kept for query blocks [qb_begin, qb_end) by every query head whose KV head
+// `meta` routes to XAttention, from the counts an estimator wrote: the measured XAttention density, summed over the
+// calls of a prefill (GpuPrefillStats::xattn_kept_blocks; bench's attention-FLOPs column). No host synchronization.
+void xattn_add_kept_blocks(const int32_t* counts, int n_heads, int n_kv_heads, int nb, int qb_begin, int qb_end,
+                           const KVHeadMeta* meta, unsigned long long* total, cudaStream_t stream);
 
 }  // namespace elastic::cuda

@@ -76,6 +76,9 @@ struct GpuPrefillStats {
   double total_ms = 0;      // host wall time of the prefill, synchronized
   double attention_ms = 0;  // attention kernels (XAttention estimation included), from CUDA events
   size_t kv_bytes = 0;      // the pages this sequence holds (K and V)
+  // Key blocks the XAttention heads kept, summed over query heads, query blocks and layers (the estimator's counts);
+  // 0 when no head was routed to XAttention. bench turns it into the measured attention-FLOPs share.
+  int64_t xattn_kept_blocks = 0;
 };
 
 // One decode step's GPU time by part (ms), from CUDA events recorded between the parts of an uncaptured step: what

@@ -180,6 +180,8 @@ void GpuModel::Impl::prefill_begin(int slot, const int32_t* ids_h, int T, const 
   run.router = pool_pos.empty() ? nullptr : router;
   run.pool_pos = pool_pos;
   run.start = std::chrono::steady_clock::now();
+  if (!xa_kept.ptr) xa_kept.alloc(sizeof(unsigned long long));
+  ELASTIC_CUDA_CHECK(cudaMemsetAsync(xa_kept.ptr, 0, sizeof(unsigned long long), stream));
   ELASTIC_CUDA_CHECK(cudaMemcpyAsync(ids.ptr, ids_h, size_t(T) * 4, cudaMemcpyHostToDevice, stream));
   embed_rows_bf16(embed.as<uint16_t>(), ids.as<int32_t>(), hidden.as<uint16_t>(), T, D, V, stream);
   // ids_h may die when this returns: the copy has to be done with it.
@@ -296,6 +298,9 @@ bool GpuModel::Impl::prefill_advance() {  // GpuModel::prefill_step checked that
     ep.xa_kv_heads = run.xa_kv_heads.data();
     ep.n_xa_kv_heads = static_cast<int>(run.xa_kv_heads.size());
     xattn_estimate_cuda(ep, st);
+    const int nb_call = (t0 + n + sp.block - 1) / sp.block;  // the call's list rows: counts[h * nb_call + qb]
+    xattn_add_kept_blocks(xa_counts.as<int32_t>(), Hq, Hkv, nb_call, t0 / sp.block, nb_call, meta_l,
+                          xa_kept.as<unsigned long long>(), st);
   }
   HybridAttnParams ap;
   ap.q = q.as<uint16_t>();
@@ -366,6 +371,9 @@ void GpuModel::Impl::prefill_end(std::vector<float>* logits_out, bool all_logits
     stats->total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     stats->attention_ms = attn_ms;
     stats->kv_bytes = bytes_held(slots[slot]);
+    unsigned long long kept = 0;  // the stream was synchronized above
+    ELASTIC_CUDA_CHECK(cudaMemcpy(&kept, xa_kept.ptr, sizeof(kept), cudaMemcpyDeviceToHost));
+    stats->xattn_kept_blocks = static_cast<int64_t>(kept);
   }
 }
 

@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -39,13 +40,6 @@ using xattn_detail::select_blocks;
 
 constexpr int kRowGroup = 256;  // folded query rows per product (4096 positions at stride 16)
 constexpr int kPad = 256;       // row and column counts of the products are multiples of this
-constexpr int kMaxKvHeads = 64;
-
-struct HeadList {
-  int32_t kv[kMaxKvHeads];    // slot x -> KV head
-  int32_t slot[kMaxKvHeads];  // KV head -> slot x, or -1 when not scored
-};
-
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 
@@ -195,23 +189,6 @@ size_t select_smem_bytes(int nb, int G, int rb) {
   return sizeof(unsigned long long) * pow2_at_least(nb) + 4 * (size_t(G) * nb + nb) + 8 * size_t(G) * rb;
 }
 
-HeadList head_list(const XAttnEstimateParams& p, int& X) {
-  if (p.n_kv_heads > kMaxKvHeads)
-    throw std::invalid_argument("xattn_estimate_cuda: the Gemm form takes at most " + std::to_string(kMaxKvHeads) +
-                                " KV heads (got " + std::to_string(p.n_kv_heads) + ")");
-  HeadList l;
-  for (int h = 0; h < kMaxKvHeads; ++h) l.kv[h] = 0, l.slot[h] = -1;
-  X = 0;
-  for (int i = 0; i < (p.xa_kv_heads ? p.n_xa_kv_heads : p.n_kv_heads); ++i) {
-    const int h = p.xa_kv_heads ? p.xa_kv_heads[i] : i;
-    if (h < 0 || h >= p.n_kv_heads || l.slot[h] >= 0)
-      throw std::invalid_argument("xattn_estimate_cuda: the Gemm form's xa_kv_heads holds an invalid or repeated KV "
-                                  "head (" + std::to_string(h) + " of " + std::to_string(p.n_kv_heads) + ")");
-    l.slot[h] = X;
-    l.kv[X++] = h;
-  }
-  return l;
-}
 
 // The selection kernel's shared memory against the device's opt-in limit.
 bool select_smem_fits(const XAttnEstimateParams& p) {
@@ -239,7 +216,7 @@ void xattn_estimate_cuda(const XAttnEstimateParams& p, cudaStream_t stream) {
     throw std::invalid_argument("xattn_estimate_cuda: the mma.sync and fp32 forms are measurement variants that "
                                 "dev/cuda's xattn_estimate_variant runs");
   int X = 0;
-  const HeadList heads = head_list(p, X);
+  const HeadList heads = head_list(p, X, "xattn_estimate_cuda: the Gemm form");
   const int G = p.n_heads / p.n_kv_heads, S = p.stride, hd = p.head_dim, B = p.block, rb = B / S;
   const int n_pos = p.pos0 + p.T, nb = (n_pos + B - 1) / B, qb0 = p.pos0 / B;
   if (!p.gemm || !p.scratch) throw std::invalid_argument("xattn_estimate_cuda: the Gemm form needs gemm and scratch");
@@ -284,6 +261,36 @@ void xattn_estimate_cuda(const XAttnEstimateParams& p, cudaStream_t stream) {
         p.offsets, p.counts, p.block_scores);
     ELASTIC_CUDA_CHECK(cudaGetLastError());
   }
+}
+
+namespace {
+
+__global__ void add_kept_blocks(const int32_t* __restrict__ counts, int n_heads, int G, int nb, int qb_begin, int n_qb,
+                                const KVHeadMeta* __restrict__ meta, unsigned long long* __restrict__ total) {
+  unsigned long long sum = 0;
+  const int64_t n = int64_t(n_heads) * n_qb;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int h = static_cast<int>(i / n_qb), qb = qb_begin + static_cast<int>(i % n_qb);
+    if (meta[h / G].mode == kv_mode::kXAttn) sum += static_cast<unsigned long long>(counts[int64_t(h) * nb + qb]);
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (threadIdx.x % 32 == 0 && sum) atomicAdd(total, sum);  // integer sums: the total does not depend on the order
+}
+
+}  // namespace
+
+void xattn_add_kept_blocks(const int32_t* counts, int n_heads, int n_kv_heads, int nb, int qb_begin, int qb_end,
+                           const KVHeadMeta* meta, unsigned long long* total, cudaStream_t stream) {
+  if (!counts || !meta || !total || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || qb_begin < 0 ||
+      qb_end > nb)
+    throw std::invalid_argument("xattn_add_kept_blocks: null pointer or bad shape");
+  if (qb_end <= qb_begin) return;
+  const int n_qb = qb_end - qb_begin;
+  const int64_t n = int64_t(n_heads) * n_qb;
+  const int threads = 256, blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 264));
+  add_kept_blocks<<<blocks, threads, 0, stream>>>(counts, n_heads, n_heads / n_kv_heads, nb, qb_begin, n_qb, meta,
+                                                  total);
+  ELASTIC_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace elastic::cuda

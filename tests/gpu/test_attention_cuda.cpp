@@ -425,97 +425,145 @@ TEST(CudaHybridAttention, LaunchesReadNoEnvironment) {
 }
 
 // GPU estimation vs xattn_select: block masses and selected masks, then attention with the GPU lists.
+// One estimator run against xattn_select, head by head: KV head 0 routed to XAttention, the others Full (scored only
+// when `all_scored`, given no lists either way). Checks the lists' form (ascending, block 0 and the diagonal kept),
+// the selections against the CPU's (at most 0.5% of blocks differ: summation order), and the block masses (finite,
+// summing to the query block's folded rows).
+void estimate_and_compare(cuda::XAttnEstimateKernel kernel, int Hq, int Hkv, int B, int S, int hd, int T, int pos0,
+                          bool all_scored, cuda::Gemm& gemm, std::mt19937& rng) {
+  const int G = Hq / Hkv, n_pos = pos0 + T, nb = (n_pos + B - 1) / B;
+  auto q = random_bf16(size_t(T) * Hq * hd, rng, 2.f);
+  auto k = random_bf16(size_t(n_pos) * Hkv * hd, rng, 1.f);
+  std::vector<cuda::KVHeadMeta> meta(Hkv, cuda::make_kv_head_meta(HeadMode::Full, 0, 0, B));
+  meta[0] = cuda::make_kv_head_meta(HeadMode::XAttn, 0, 0, B);
+  Dev<uint16_t> dq(q), dk(k);
+  Dev<cuda::KVHeadMeta> dmeta(meta);
+  Dev<int32_t> dblocks(cuda::xattn_list_capacity(Hq, nb)), doff(size_t(Hq) * nb), dcnt(size_t(Hq) * nb);
+  Dev<float> dbs(std::vector<float>(size_t(Hq) * nb * nb, NAN));
+  cuda::XAttnEstimateParams e;
+  e.q = dq.p, e.k = dk.p, e.T = T, e.pos0 = pos0, e.n_heads = Hq, e.n_kv_heads = Hkv, e.head_dim = hd;
+  e.block = B, e.stride = S, e.tau = 0.9f, e.meta = dmeta.p;
+  e.blocks = dblocks.p, e.offsets = doff.p, e.counts = dcnt.p, e.block_scores = dbs.p;
+  e.kernel = kernel;
+  const int xa_heads[] = {0};
+  std::unique_ptr<Dev<uint8_t>> scratch;
+  const bool gemm_form = kernel == cuda::XAttnEstimateKernel::Gemm;
+  if (gemm_form || kernel == cuda::XAttnEstimateKernel::Fused) {
+    const int scored = all_scored ? Hkv : 1;
+    e.scratch_bytes = gemm_form ? cuda::xattn_gemm_scratch_bytes(T, n_pos, scored, G, hd, S)
+                                : cuda::xattn_fused_scratch_bytes(T, n_pos, scored, G, hd, S, B);
+    scratch = std::make_unique<Dev<uint8_t>>(e.scratch_bytes);
+    e.gemm = &gemm, e.scratch = scratch->p;
+    if (!all_scored) e.xa_kv_heads = xa_heads, e.n_xa_kv_heads = 1;
+  }
+  if (gemm_form) cuda::xattn_estimate_cuda(e, nullptr);  // the engine's
+  else cuda::xattn_estimate_variant(e, nullptr);         // the dev area's
+  ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto blocks = dblocks.down(), off = doff.down(), cnt = dcnt.down();
+  const auto bs = dbs.down();
+  XAttnParams xp;
+  xp.block = B, xp.stride = S;
+  long mism = 0, total = 0;
+  double bs_err = 0;
+  for (int h = 0; h < Hq; ++h) {
+    std::vector<float> qh(size_t(n_pos) * hd, 0.f), kh(size_t(n_pos) * hd);
+    for (int t = 0; t < T; ++t)
+      for (int d = 0; d < hd; ++d) qh[size_t(pos0 + t) * hd + d] = from_bf16(q[(size_t(t) * Hq + h) * hd + d]);
+    for (int j = 0; j < n_pos; ++j)
+      for (int d = 0; d < hd; ++d) kh[size_t(j) * hd + d] = from_bf16(k[(size_t(j) * Hkv + h / G) * hd + d]);
+    const BlockMask ref = h / G == 0 ? xattn_select(qh.data(), kh.data(), n_pos, hd, xp, pos0) : BlockMask{};
+    for (int qb = pos0 / B; qb < nb; ++qb) {
+      const size_t r = size_t(h) * nb + qb;
+      ASSERT_EQ(off[r], int64_t(h) * nb * (nb + 1) / 2 + int64_t(qb) * (qb + 1) / 2);
+      if (h / G != 0) {  // a Full-routed KV head gets no lists
+        EXPECT_EQ(cnt[r], 0);
+        continue;
+      }
+      std::vector<uint8_t> got(qb + 1, 0);
+      ASSERT_GE(cnt[r], 1);
+      for (int i = 0; i < cnt[r]; ++i) {
+        const int kb = blocks[off[r] + i];
+        ASSERT_TRUE(kb >= 0 && kb <= qb);
+        if (i > 0) ASSERT_GT(kb, blocks[off[r] + i - 1]);  // ascending
+        got[kb] = 1;
+      }
+      EXPECT_EQ(blocks[off[r] + cnt[r] - 1], qb);
+      EXPECT_EQ(blocks[off[r]], 0);
+      for (int kb = 0; kb <= qb; ++kb) {
+        mism += got[kb] != ref.at(qb, kb);
+        ++total;
+        EXPECT_TRUE(std::isfinite(bs[r * nb + kb]));
+      }
+      // Each folded row's probabilities sum to 1, so a query block's masses sum to its folded rows.
+      double sum = 0;
+      for (int kb = 0; kb <= qb; ++kb) sum += bs[r * nb + kb];
+      const int rb = B / S, rows = std::min((n_pos + S - 1) / S, (qb + 1) * rb) - qb * rb;
+      bs_err = std::max(bs_err, std::abs(sum - rows));
+    }
+  }
+  EXPECT_LE(mism, std::max<long>(2, total / 200)) << "hd " << hd << " pos0 " << pos0 << ": " << mism << " of "
+                                                  << total << " blocks differ from xattn_select";
+  EXPECT_LT(bs_err, 1e-3);
+  // The kept-block total GpuModel reports (xattn_add_kept_blocks) is the XAttention heads' counts summed, added to
+  // what the total held.
+  int64_t want = 1000;
+  for (int h = 0; h < G; ++h)
+    for (int qb = pos0 / B; qb < nb; ++qb) want += cnt[size_t(h) * nb + qb];
+  Dev<unsigned long long> dtotal(std::vector<unsigned long long>{1000});
+  cuda::xattn_add_kept_blocks(dcnt.p, Hq, Hkv, nb, pos0 / B, nb, dmeta.p, dtotal.p, nullptr);
+  EXPECT_EQ(int64_t(dtotal.down()[0]), want);
+}
+
+const char* estimate_name(cuda::XAttnEstimateKernel k) {
+  switch (k) {
+    case cuda::XAttnEstimateKernel::Simple: return "simple";
+    case cuda::XAttnEstimateKernel::TensorCore: return "tensor-core";
+    case cuda::XAttnEstimateKernel::TensorCoreTwoPass: return "tensor-core two-pass";
+    case cuda::XAttnEstimateKernel::Gemm: return "cuBLASLt";
+    case cuda::XAttnEstimateKernel::Fused: return "fused wgmma";
+    case cuda::XAttnEstimateKernel::Auto: return "auto";
+  }
+  return "?";
+}
+
+// GPU estimation vs xattn_select: block masses and selected masks.
 TEST(CudaXAttnEstimate, MatchesCpuSelection) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   SEEDED_RNG(rng);
-  // Both kernels; shapes with G * B/S = 8 and 16 reshaped rows per KV head (the tensor-core kernel's one row tile)
+  // Every form; shapes with G * B/S = 8 and 16 reshaped rows per KV head (the tensor-core kernel's one row tile)
   // and 32 (two row tiles: Qwen3-4B's 4 query heads per KV head at block 128, and 8 at block 64).
   struct XCase { int Hq, Hkv, B; };
-  // The tensor-core kernel also in its two-pass form (forced here; Auto takes it past ~128K tokens), and the cuBLASLt
-  // form (Auto's where a Gemm and scratch are given), scoring the listed XAttention head alone at pos0 0 and every KV
-  // head (the Full one scored, given no lists) at pos0 256.
+  // The tensor-core kernel also in its two-pass form (forced here; Auto takes it past ~128K tokens), the cuBLASLt
+  // form (Auto's where a Gemm and scratch are given) and the fused wgmma form, the product forms scoring the listed
+  // XAttention head alone at pos0 0 and every KV head (the Full one scored, given no lists) at pos0 256. T is not a
+  // multiple of the stride (1000, 872): the last folded row is partial.
   cuda::Gemm gemm;
   for (const auto kernel : {cuda::XAttnEstimateKernel::Simple, cuda::XAttnEstimateKernel::TensorCore,
-                            cuda::XAttnEstimateKernel::TensorCoreTwoPass, cuda::XAttnEstimateKernel::Gemm})
-  for (const XCase xc : {XCase{4, 2, 64}, XCase{8, 2, 64}, XCase{4, 2, 128}, XCase{8, 2, 128}, XCase{16, 2, 64}})
-  for (const int hd : {64, 128})
-    for (const int pos0 : {0, 256}) {
-      SCOPED_TRACE(std::string(kernel == cuda::XAttnEstimateKernel::Simple       ? "simple"
-                               : kernel == cuda::XAttnEstimateKernel::TensorCore ? "tensor-core"
-                               : kernel == cuda::XAttnEstimateKernel::Gemm       ? "cuBLASLt"
-                                                                                 : "tensor-core two-pass") +
-                   " Hq " +
-                   std::to_string(xc.Hq) + " B " + std::to_string(xc.B));
-      const int T = 1000 - pos0 / 2, Hq = xc.Hq, Hkv = xc.Hkv, B = xc.B, G = Hq / Hkv, n_pos = pos0 + T,
-                nb = (n_pos + B - 1) / B;
-      auto q = random_bf16(size_t(T) * Hq * hd, rng, 2.f);
-      auto k = random_bf16(size_t(n_pos) * Hkv * hd, rng, 1.f);
-      std::vector<cuda::KVHeadMeta> meta{cuda::make_kv_head_meta(HeadMode::XAttn, 0, 0, B), cuda::make_kv_head_meta(HeadMode::Full, 0, 0, B)};
-      Dev<uint16_t> dq(q), dk(k);
-      Dev<cuda::KVHeadMeta> dmeta(meta);
-      Dev<int32_t> dblocks(cuda::xattn_list_capacity(Hq, nb)), doff(size_t(Hq) * nb), dcnt(size_t(Hq) * nb);
-      Dev<float> dbs(std::vector<float>(size_t(Hq) * nb * nb, NAN));
-      cuda::XAttnEstimateParams e;
-      e.q = dq.p, e.k = dk.p, e.T = T, e.pos0 = pos0, e.n_heads = Hq, e.n_kv_heads = Hkv, e.head_dim = hd;
-      e.block = B, e.stride = 16, e.tau = 0.9f, e.meta = dmeta.p;
-      e.blocks = dblocks.p, e.offsets = doff.p, e.counts = dcnt.p, e.block_scores = dbs.p;
-      e.kernel = kernel;
-      const int xa_heads[] = {0};
-      std::unique_ptr<Dev<uint8_t>> scratch;
-      if (kernel == cuda::XAttnEstimateKernel::Gemm) {
-        const int scored = pos0 == 0 ? 1 : Hkv;
-        e.scratch_bytes = cuda::xattn_gemm_scratch_bytes(T, n_pos, scored, G, hd, 16);
-        scratch = std::make_unique<Dev<uint8_t>>(e.scratch_bytes);
-        e.gemm = &gemm, e.scratch = scratch->p;
-        if (pos0 == 0) e.xa_kv_heads = xa_heads, e.n_xa_kv_heads = 1;
-      }
-      if (kernel == cuda::XAttnEstimateKernel::Gemm) cuda::xattn_estimate_cuda(e, nullptr);  // the engine's
-      else cuda::xattn_estimate_variant(e, nullptr);                                       // the dev area's
-      ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto blocks = dblocks.down(), off = doff.down(), cnt = dcnt.down();
-      const auto bs = dbs.down();
-      XAttnParams xp;
-      xp.block = B;
-      long mism = 0, total = 0;
-      double bs_err = 0;
-      for (int h = 0; h < Hq; ++h) {
-        std::vector<float> qh(size_t(n_pos) * hd, 0.f), kh(size_t(n_pos) * hd);
-        for (int t = 0; t < T; ++t)
-          for (int d = 0; d < hd; ++d) qh[size_t(pos0 + t) * hd + d] = from_bf16(q[(size_t(t) * Hq + h) * hd + d]);
-        for (int j = 0; j < n_pos; ++j)
-          for (int d = 0; d < hd; ++d) kh[size_t(j) * hd + d] = from_bf16(k[(size_t(j) * Hkv + h / G) * hd + d]);
-        const BlockMask ref = xattn_select(qh.data(), kh.data(), n_pos, hd, xp);
-        for (int qb = pos0 / B; qb < nb; ++qb) {
-          const size_t r = size_t(h) * nb + qb;
-          if (h / G != 0) {  // a Full-routed KV head gets no lists
-            EXPECT_EQ(cnt[r], 0);
-            continue;
-          }
-          std::vector<uint8_t> got(qb + 1, 0);
-          ASSERT_GE(cnt[r], 1);
-          for (int i = 0; i < cnt[r]; ++i) {
-            const int kb = blocks[off[r] + i];
-            ASSERT_TRUE(kb >= 0 && kb <= qb);
-            if (i > 0) ASSERT_GT(kb, blocks[off[r] + i - 1]);  // ascending
-            got[kb] = 1;
-          }
-          EXPECT_EQ(blocks[off[r] + cnt[r] - 1], qb);
-          EXPECT_EQ(blocks[off[r]], 0);
-          for (int kb = 0; kb <= qb; ++kb) {
-            mism += got[kb] != ref.at(qb, kb);
-            ++total;
-            EXPECT_TRUE(std::isfinite(bs[r * nb + kb]));
-          }
-          // Masses: recompute the CPU block masses is internal to xattn_select; check they sum to rows (B/S each).
-          double sum = 0;
-          for (int kb = 0; kb <= qb; ++kb) sum += bs[r * nb + kb];
-          const int rows = std::min((n_pos + 15) / 16, (qb + 1) * (B / 16)) - qb * (B / 16);  // stride 16
-          bs_err = std::max(bs_err, std::abs(sum - rows));
+                            cuda::XAttnEstimateKernel::TensorCoreTwoPass, cuda::XAttnEstimateKernel::Gemm,
+                            cuda::XAttnEstimateKernel::Fused})
+    for (const XCase xc : {XCase{4, 2, 64}, XCase{8, 2, 64}, XCase{4, 2, 128}, XCase{8, 2, 128}, XCase{16, 2, 64}})
+      for (const int hd : {64, 128})
+        for (const int pos0 : {0, 256}) {
+          SCOPED_TRACE(std::string(estimate_name(kernel)) + " Hq " + std::to_string(xc.Hq) + " B " +
+                       std::to_string(xc.B));
+          estimate_and_compare(kernel, xc.Hq, xc.Hkv, xc.B, 16, hd, 1000 - pos0 / 2, pos0, pos0 != 0, gemm, rng);
         }
-      }
-      EXPECT_LE(mism, std::max<long>(2, total / 200)) << "hd " << hd << " pos0 " << pos0 << ": " << mism << " of "
-                                                      << total << " blocks differ from xattn_select";
-      EXPECT_LT(bs_err, 1e-3);
+}
+
+// The fused wgmma form where the short cases above do not reach: several 256-key tiles and two groups of 1,024 folded
+// rows (17,000 positions), T a multiple of the stride, stride 8 (block / stride 8 and 16), a chunk after a prefix;
+// the cuBLASLt form on the same shapes as the anchor.
+TEST(CudaXAttnEstimate, FusedMatchesCpuSelectionLongAndStride8) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  SEEDED_RNG(rng);
+  cuda::Gemm gemm;
+  struct LCase { int Hq, Hkv, B, S, hd, T, pos0; };
+  for (const auto kernel : {cuda::XAttnEstimateKernel::Fused, cuda::XAttnEstimateKernel::Gemm})
+    for (const LCase c : {LCase{4, 1, 64, 16, 128, 17000, 0}, LCase{8, 2, 64, 16, 128, 4096, 4096},
+                          LCase{6, 2, 64, 8, 64, 3000, 1024}, LCase{4, 2, 128, 8, 128, 2500, 512}}) {
+      SCOPED_TRACE(std::string(estimate_name(kernel)) + " T " + std::to_string(c.T) + " pos0 " +
+                   std::to_string(c.pos0) + " B " + std::to_string(c.B) + " S " + std::to_string(c.S));
+      estimate_and_compare(kernel, c.Hq, c.Hkv, c.B, c.S, c.hd, c.T, c.pos0, c.pos0 != 0, gemm, rng);
     }
 }
 

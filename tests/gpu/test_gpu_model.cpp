@@ -139,6 +139,14 @@ TEST_P(GpuModelTest, PrefillLogitsMatchCpuFullAndHybrid) {
     EXPECT_LT(rel_err(got, ref), kTol);
     EXPECT_GT(st.attention_ms, 0);
     if (variant > 0) EXPECT_LT(st.kv_bytes, g->plan().kv_pool) << "streaming heads keep a smaller cache";
+    // XAttention heads' kept blocks (xattn_add_kept_blocks; exact against the counts in test_attention_cuda): none
+    // without them, else at least block 0 and the diagonal and at most every causal block of each such query head.
+    int64_t xa_q_heads = 0;
+    for (HeadMode mode : r.mode) xa_q_heads += mode == HeadMode::XAttn ? m.config.n_heads / m.config.n_kv_heads : 0;
+    const int64_t nb = (int64_t(ids.size()) + r.sparse.block - 1) / r.sparse.block;
+    EXPECT_GE(st.xattn_kept_blocks, xa_q_heads * (2 * nb - 1));
+    EXPECT_LE(st.xattn_kept_blocks, xa_q_heads * nb * (nb + 1) / 2);
+    if (variant == 2) EXPECT_GT(xa_q_heads, 0);
     // Last-row logits alone are the same numbers up to fp32 summation order: that one-row product runs the small-M
     // kernel (GpuOptions::small_m_rows, 2 by default), the all-rows one cuBLASLt.
     std::vector<float> last;
