@@ -32,6 +32,7 @@
 #include "cuda/mma_sync.cuh"  // smem_addr
 #include "cuda/wgmma_tma.cuh"
 #include "cuda/xattn_estimate_check.h"
+#include "cuda/xattn_select_blocks.cuh"  // warp_combine_max_sum
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
 #include "xattn_estimate_variants.h"
@@ -274,12 +275,7 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
       s = s * expf(m - nm) + expf(v - nm);
       m = nm;
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
-      const float nm = fmaxf(m, om);
-      s = (m == -INFINITY ? 0.f : s * expf(m - nm)) + (om == -INFINITY ? 0.f : os * expf(om - nm));
-      m = nm;
-    }
+    xattn_detail::warp_combine_max_sum(m, s);
     const float row_lse = __shfl_sync(0xffffffffu, m + logf(s), 0);  // lane 0's: every lane the same value
     for (int b = lane; b <= qb; b += 32) ms[b] += expf(row[b] - row_lse);  // each lane its own blocks, rows in order
   }

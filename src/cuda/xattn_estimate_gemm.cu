@@ -146,12 +146,7 @@ __global__ void __launch_bounds__(kThreads)
       sum = sum * expf(mx - nm) + expf(e[0] - nm) + expf(e[1] - nm) + expf(e[2] - nm) + expf(e[3] - nm);
       mx = nm;
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float om = __shfl_xor_sync(0xffffffffu, mx, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
-      const float nm = fmaxf(mx, om);
-      sum = (mx == -INFINITY ? 0.f : sum * expf(mx - nm)) + (om == -INFINITY ? 0.f : os * expf(om - nm));
-      mx = nm;
-    }
+    xattn_detail::warp_combine_max_sum(mx, sum);
     if (lane == 0) rstat[2 * (g * rb + r)] = mx, rstat[2 * (g * rb + r) + 1] = 1.f / sum;
   }
   __syncthreads();

@@ -6,6 +6,7 @@
 // kb) while the mass so far is < tau * total, and write the kept blocks ascending into the triangular list of (h, qb).
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 
 namespace elastic::cuda::xattn_detail {
@@ -16,6 +17,17 @@ __host__ __device__ inline int pow2_at_least(int n) {
   int p = 1;
   while (p < n) p <<= 1;
   return p;
+}
+
+// A warp's running softmax statistics (max m, sum s of exp(x - m)) combined across its lanes: every lane ends with
+// the warp's (a lane with no values holds m = -inf, s = 0). Shared by the estimators' row statistics.
+__device__ __forceinline__ void warp_combine_max_sum(float& m, float& s) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
+    const float nm = fmaxf(m, om);
+    s = (m == -INFINITY ? 0.f : s * expf(m - nm)) + (om == -INFINITY ? 0.f : os * expf(om - nm));
+    m = nm;
+  }
 }
 
 // Steps 4-5 for one (query head h, query block qb), all kThreads threads: greedy selection over the block masses
