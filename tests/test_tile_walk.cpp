@@ -1,6 +1,7 @@
 // The fused attention kernels' tile walks (src/cuda/tile_walk.h), checked on the CPU: every query tile of every head
-// pair visits exactly the key tiles the CPU reference's block rules keep (Full: causal; Streaming: sink blocks and
-// the local window; XAttn: the selected blocks), each once, in ascending steps of 128 keys, under both pairings.
+// pair, and every row pair (one head's two adjacent query tiles, the wgmma kernel's option bit 16), visits exactly the
+// key tiles the CPU reference's block rules keep (Full: causal; Streaming: sink blocks and the local window; XAttn:
+// the selected blocks), each once, in ascending steps of 128 keys, under both pairings.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,14 +53,20 @@ struct Walked {
   int steps = 0, masked_halves = 0;
 };
 
-// Walks one (head pair, query tile) and checks the step structure on the way.
+// Walks one (head pair, query tile), or with row_pairs one (head h0, query tiles qt and qt + 1; the second empty past
+// the last tile) as the wgmma kernel's option bit 16 does, and checks the step structure on the way.
 Walked walk_pair(int mode, int sink_blocks, int local_blocks, const Lists* xl, int h0, int qt, int n_keys, int block,
-                 bool adjacent) {
-  auto list = [&](int h) {
+                 bool adjacent, bool row_pairs = false) {
+  auto list = [&](int h, int q) {
     return walk::tile_list(mode, sink_blocks, local_blocks, xl ? xl->blocks.data() : nullptr,
-                           xl ? xl->offsets.data() : nullptr, xl ? xl->counts.data() : nullptr, h, qt, n_keys, block);
+                           xl ? xl->offsets.data() : nullptr, xl ? xl->counts.data() : nullptr, h, q, n_keys, block);
   };
-  walk::PairIter it{walk::UnionIter{list(h0), list(h0 + 1)}, adjacent};
+  const walk::TileList none{elastic::kv_mode::kFull, 0, 0, 0, 1, nullptr};
+  const int last_qt = (n_keys - 1) / walk::kTile;
+  walk::PairIter it{row_pairs ? walk::UnionIter{list(h0, qt), qt + 1 <= last_qt ? list(h0, qt + 1) : none}
+                              : walk::UnionIter{list(h0, qt), list(h0 + 1, qt)},
+                    adjacent};
+  it.may_share = !row_pairs;
   Walked w;
   int first = 0, m4 = 0, prev_end = -1;
   while (it.next(first, m4)) {
@@ -83,24 +90,29 @@ Walked walk_pair(int mode, int sink_blocks, int local_blocks, const Lists* xl, i
   return w;
 }
 
+// Every (head pair, query tile) walk of a layer, then every (head, row pair) walk: each member visits exactly the
+// tiles the CPU rule keeps for its own head and query tile.
 void check_layer(int mode, int sink_blocks, int local_blocks, int block, int Hq, int pos0, int T, bool with_lists,
                  std::mt19937& rng) {
-  const int n_keys = pos0 + T, nb = (n_keys + block - 1) / block;
+  const int n_keys = pos0 + T, nb = (n_keys + block - 1) / block, last_qt = (n_keys - 1) / walk::kTile;
   const Lists lists = random_lists(Hq, nb, rng);
   const Lists* xl = mode == elastic::kv_mode::kXAttn && with_lists ? &lists : nullptr;
-  for (const bool adjacent : {false, true})
-    for (int qt = pos0 / walk::kTile; qt <= (n_keys - 1) / walk::kTile; ++qt)
-      for (int h0 = 0; h0 < Hq; h0 += 2) {
-        SCOPED_TRACE("mode " + std::to_string(mode) + " block " + std::to_string(block) + " qt " + std::to_string(qt) +
-                     " h0 " + std::to_string(h0) + (adjacent ? " adjacent" : " even"));
-        const Walked w = walk_pair(mode, sink_blocks, local_blocks, xl, h0, qt, n_keys, block, adjacent);
-        for (int hw = 0; hw < 2; ++hw) {
-          std::set<int> want;
-          for (int t = 0; t <= qt; ++t)
-            if (kept(mode, sink_blocks, local_blocks, xl, h0 + hw, qt, t, block, nb)) want.insert(t);
-          EXPECT_EQ(w.tiles[hw], want) << "head " << h0 + hw;
+  for (const bool row_pairs : {false, true})
+    for (const bool adjacent : {false, true})
+      for (int qt = pos0 / walk::kTile; qt <= last_qt; qt += row_pairs ? 2 : 1)
+        for (int h0 = 0; h0 < Hq; h0 += row_pairs ? 1 : 2) {
+          SCOPED_TRACE("mode " + std::to_string(mode) + " block " + std::to_string(block) + " qt " +
+                       std::to_string(qt) + " h0 " + std::to_string(h0) + (adjacent ? " adjacent" : " even") +
+                       (row_pairs ? " row pairs" : ""));
+          const Walked w = walk_pair(mode, sink_blocks, local_blocks, xl, h0, qt, n_keys, block, adjacent, row_pairs);
+          for (int hw = 0; hw < 2; ++hw) {
+            const int h = row_pairs ? h0 : h0 + hw, q = row_pairs ? qt + hw : qt;
+            std::set<int> want;
+            for (int t = 0; q <= last_qt && t <= q; ++t)
+              if (kept(mode, sink_blocks, local_blocks, xl, h, q, t, block, nb)) want.insert(t);
+            EXPECT_EQ(w.tiles[hw], want) << "head " << h << " query tile " << q;
+          }
         }
-      }
 }
 
 }  // namespace

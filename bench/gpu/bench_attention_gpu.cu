@@ -363,6 +363,7 @@ int main(int argc, char** argv) {
   // speed at the density real attention gives (bench --density on SmolLM2, 8K: mean 0.17 at block 64; 2K: 0.38),
   // where random Q/K make the estimator keep ~0.89.
   std::vector<double> xa_densities = {0.17, 0.38};
+  int block = 64;  // --block 128: the prefill tables at block 128 (where a row pair's two query tiles share a selection)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--decode") decode_only = true;
@@ -371,6 +372,13 @@ int main(int argc, char** argv) {
     else if (a == "--kernels") kernels_only = true;  // only the all-full / all-streaming rows of each kernel
     else if (a == "--paired") paired_only = true;     // only the paired SA-cost table
     else if (a == "--xa-estimate") estimate_only = true;  // only the full row and the XAttention estimators, chunked
+    else if (a == "--block" && i + 1 < argc) {
+      block = std::atoi(argv[++i]);
+      if (block != 64 && block != 128) {
+        std::fprintf(stderr, "bench_attention_gpu: --block takes 64 or 128, got '%s'\n", argv[i]);
+        return 2;
+      }
+    }
     else if (a == "--xa-density" && i + 1 < argc) {  // comma list in (0, 1]
       xa_densities.clear();
       std::stringstream ss(argv[++i]);
@@ -386,7 +394,7 @@ int main(int argc, char** argv) {
     }
     else if (a.empty() || a.find_first_not_of("0123456789") != std::string::npos || std::atoi(a.c_str()) <= 0) {
       std::fprintf(stderr, "bench_attention_gpu: bad argument '%s' (usage: [--decode | --paged | --gemm | --kernels | --paired | --xa-estimate] "
-                           "[--xa-density D,...] [T ...])\n",
+                           "[--xa-density D,...] [--block 64|128] [T ...])\n",
                    a.c_str());
       return 2;
     } else lengths.push_back(std::atoi(a.c_str()));
@@ -403,7 +411,8 @@ int main(int argc, char** argv) {
     paged_table(lengths, timer);
     return 0;
   }
-  const int Hq = 32, Hkv = 8, hd = 128, B = 64, sink = 128, local = 2048, L = 5;
+  const int Hq = 32, Hkv = 8, hd = 128, B = block, sink = 128, local = 2048, L = 5;
+  constexpr int kRowPairsOpts = 16 | 2 | 1;  // the wgmma kernel's row pairs over the overlap kernel's defaults
   const int xattn_max_T = 131072;      // XAttn rows up to 128K (past it the estimator runs two passes, slowly)
   const int simple_est_max_T = 32768;  // the fp32 CUDA-core estimator is slow beyond this
   cudaDeviceProp prop{};
@@ -469,10 +478,11 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     };
     // One layer with every KV head routed alike (hm), through kernel k: ms per layer; and its computed pairs.
-    auto uniform_ms = [&](const KVHeadMeta& hm, AttnKernel k) {
+    auto uniform_ms = [&](const KVHeadMeta& hm, AttnKernel k, int opts = -1) {
       KVHeadMeta* d = upload_meta(std::vector<KVHeadMeta>(Hkv, hm));
       auto p = base(d);
       p.kernel = k;
+      p.opts = opts;
       const double t = timer.median_ms([&] { hybrid_attention_fwd_any(p, nullptr); }, reps);
       ELASTIC_CUDA_CHECK(cudaFree(d));
       return t;
@@ -610,10 +620,15 @@ int main(int argc, char** argv) {
     row("full (wgmma v4: pingpong)", 0.0, t_v4, pairs_full);
     row("full (wgmma, no pingpong)", 0.0, uniform_ms(mf, AttnKernel::WgmmaNoPingpong), pairs_full);
     row("full (wgmma, overlap)", 0.0, t_ov, pairs_full);
+    // Row pairs (option bit 16 over the overlap kernel's defaults 1 | 2): a CTA per (head, two query tiles).
+    const double t_ov_rp = uniform_ms(mf, AttnKernel::WgmmaOverlap, kRowPairsOpts);
+    row("full (wgmma, overlap, row pairs: opts 19)", 0.0, t_ov_rp, pairs_full);
     row("full (wgmma, overlap, no pingpong)", 0.0, t_on, pairs_full);
     row("full (wgmma, persistent)", 0.0, t_pe, pairs_full);
     row("ssa (wgmma v4: pingpong)", 1.0, uniform_ms(ms, AttnKernel::Wgmma), pairs_ssa, t_v4);
     row("ssa (wgmma, overlap)", 1.0, uniform_ms(ms, AttnKernel::WgmmaOverlap), pairs_ssa, t_ov);
+    row("ssa (wgmma, overlap, row pairs: opts 19)", 1.0, uniform_ms(ms, AttnKernel::WgmmaOverlap, kRowPairsOpts),
+        pairs_ssa, t_ov_rp);
     row("ssa (wgmma, overlap, no pingpong)", 1.0, uniform_ms(ms, AttnKernel::WgmmaOverlapNoPingpong), pairs_ssa, t_on);
     row("ssa (wgmma, persistent)", 1.0, uniform_ms(ms, AttnKernel::WgmmaPersistent), pairs_ssa, t_pe);
     if (!kernels_only) row("full (simple kernel)", 0.0, uniform_ms(mf, AttnKernel::Simple), pairs_full);
@@ -662,6 +677,9 @@ int main(int argc, char** argv) {
         auto pp = p;
         pp.opts = 8 | 2 | 1;  // XAttention heads pipelined (option bit 8) over the overlap kernel's defaults
         row("xattn (forward only), pipelined (opts 11)", 1.0,
+            timer.median_ms([&] { hybrid_attention_fwd_any(pp, nullptr); }, reps), pr);
+        pp.opts = kRowPairsOpts;
+        row("xattn (forward only), row pairs (opts 19)", 1.0,
             timer.median_ms([&] { hybrid_attention_fwd_any(pp, nullptr); }, reps), pr);
       }
       row("xattn estimate (GPU, mma.sync tiles)", 1.0, t_mma, 0.0);
@@ -732,6 +750,12 @@ int main(int argc, char** argv) {
         std::snprintf(name, sizeof name, "xattn forward, random lists at density %.2f%s, pipelined (opts 11)", dens,
                       matched ? ", shared by head pairs, 128-key groups" : "");
         row(name, 1.0, tp, pd);
+        // Row pairs: a head's two 64-row query tiles walk the union of their lists (one list at block 128).
+        pp.opts = kRowPairsOpts;
+        const double tr = timer.median_ms([&] { hybrid_attention_fwd_any(pp, nullptr); }, reps);
+        std::snprintf(name, sizeof name, "xattn forward, random lists at density %.2f%s, row pairs (opts 19)", dens,
+                      matched ? ", shared by head pairs, 128-key groups" : "");
+        row(name, 1.0, tr, pd);
       }
       ELASTIC_CUDA_CHECK(cudaFree(blocks));
       ELASTIC_CUDA_CHECK(cudaFree(off));

@@ -63,6 +63,10 @@ struct AttentionStats {
   // two tiles a step for each head of the pair). Their ratio is the paired walk's cost per kept tile. Counted where
   // block skips are (AttentionArgs::track_esr: the last layer, or every layer with per_layer).
   double xattn_kept_tiles = 0, xattn_paired_tiles = 0;
+  // The same for the walk a kernel would make with one query head's two 64-row halves of a 128-row query tile
+  // together (over the union of the halves' selections; at block 128 they share one), in (64 rows x 64 keys) tiles:
+  // what a CTA per (query head, 128 rows) would compute instead of one per (head pair, 64 rows).
+  double xattn_rowpair_kept = 0, xattn_rowpair_tiles = 0;
   double flops_ratio() const { return pairs_full > 0 ? pairs_done / pairs_full : 1.0; }
   double esr() const;  // Omega_ESR: mean over heads of skipped / causal key blocks
   // Adds one layer's run (its own stats, with blocks tracked) into these: pairs and time always, the layer's block

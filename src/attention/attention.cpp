@@ -234,6 +234,25 @@ void attention_forward(const AttentionArgs& a) {
           st.xattn_paired_tiles += 2.0 * n_pair * paired_walk_steps(tiles[0], tiles[1]);
         }
     }
+    // The alternative walk: each selecting query head's 128-row query tiles, the two 64-row halves together.
+    for (int h = 0; h < a.n_heads; ++h) {
+      if (xmask[h].n_blocks == 0) continue;
+      for (int t = a.pos0 / 128; t <= (n_pos - 1) / 128; ++t) {
+        std::vector<int> tiles[2];
+        int n_half = 0;
+        for (int w = 0; w < 2; ++w) {
+          const int row0 = t * 128 + w * 64;  // a half of this call (chunks start on a block: 64 or 128 rows)
+          if (row0 < a.pos0 || row0 >= n_pos) continue;
+          const int qb = row0 / B;
+          for (int kb = 0; kb <= qb; ++kb)
+            if (keeps(h, qb, kb))
+              for (int r = 0; r < R; ++r) tiles[n_half].push_back(kb * R + r);
+          ++n_half;
+        }
+        st.xattn_rowpair_kept += static_cast<double>(tiles[0].size() + tiles[1].size());
+        st.xattn_rowpair_tiles += 2.0 * n_half * paired_walk_steps(tiles[0], tiles[1]);
+      }
+    }
     // Per KV head: causal (query block, key block) pairs of the query blocks this call touched, and the skipped ones.
     if (static_cast<int>(st.blocks_causal.size()) != a.n_kv_heads) {
       st.blocks_skipped.assign(a.n_kv_heads, 0);
@@ -269,6 +288,8 @@ int paired_walk_steps(const std::vector<int>& a, const std::vector<int>& b) {
 void AttentionStats::add_layer(int layer, int n_layers, const AttentionStats& one) {
   xattn_kept_tiles += one.xattn_kept_tiles;
   xattn_paired_tiles += one.xattn_paired_tiles;
+  xattn_rowpair_kept += one.xattn_rowpair_kept;
+  xattn_rowpair_tiles += one.xattn_rowpair_tiles;
   pairs_done += one.pairs_done;
   pairs_full += one.pairs_full;
   seconds += one.seconds;

@@ -35,6 +35,7 @@ HeadDensity selected_head_density(const AttentionStats& st, const RoutingTable& 
     if (sparse_pattern(r.mode[i]).select && st.layer_blocks_causal[i] > 0)
       d.kept[i] = 1.0 - st.layer_blocks_skipped[i] / st.layer_blocks_causal[i];
   if (st.xattn_kept_tiles > 0) d.paired_walk_cost = st.xattn_paired_tiles / st.xattn_kept_tiles;
+  if (st.xattn_rowpair_kept > 0) d.rowpair_walk_cost = st.xattn_rowpair_tiles / st.xattn_rowpair_kept;
   return d;
 }
 
@@ -54,9 +55,16 @@ std::string head_density_markdown(const HeadDensity& d) {
   if (std::isfinite(d.paired_walk_cost)) {
     std::snprintf(buf, sizeof buf,
                   "The GPU kernel's paired walk (two query heads of a KV head together, adjacent 64-key tiles over "
-                  "the union of their selections) would compute %.2f tiles per tile these selections keep.\n\n",
+                  "the union of their selections) would compute %.2f tiles per tile these selections keep",
                   d.paired_walk_cost);
     o += buf;
+    if (std::isfinite(d.rowpair_walk_cost)) {
+      std::snprintf(buf, sizeof buf,
+                    "; one query head's two 64-row halves of a 128-row query tile walked together instead, %.2f",
+                    d.rowpair_walk_cost);
+      o += buf;
+    }
+    o += ".\n\n";
   }
   o += "| layer | mean |";
   for (int h = 0; h < d.n_kv_heads; ++h) o += " head " + std::to_string(h) + " |";

@@ -25,6 +25,9 @@ namespace {
 void bad(const std::string& what) { throw std::invalid_argument("hybrid_attention_fwd: " + what); }
 
 // Whether a GQA shape has an even number of query heads per KV head, as the wgmma kernels need.
+// Option bit 16 (row pairs) set explicitly: the wgmma kernel then takes any GQA group.
+bool row_pairs_asked(int opts) { return opts >= 0 && (opts & kOptRowPairs); }
+
 bool pairs_group(int n_heads, int n_kv_heads) {
   return n_kv_heads > 0 && n_heads % n_kv_heads == 0 && (n_heads / n_kv_heads) % 2 == 0;
 }
@@ -74,9 +77,10 @@ AttnKernelConfig attention_config_from_env() {
   if (e && *e) {
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
-    if (*end != '\0' || v < 0 || v > 15)
-      throw std::invalid_argument(std::string("ELASTIC_ATTN_OPTS must be 0..15 (1 adjacent pairs, 2 bulk stores, 4 two "
-                                              "static items per persistent CTA, 8 XAttention heads pipelined), got '") +
+    if (*end != '\0' || v < 0 || v > kOptsAll)
+      throw std::invalid_argument(std::string("ELASTIC_ATTN_OPTS must be 0..31 (1 adjacent pairs, 2 bulk stores, 4 two "
+                                              "static items per persistent CTA, 8 XAttention heads pipelined, 16 row "
+                                              "pairs), got '") +
                                   e + "'");
     c.opts = static_cast<int>(v);
   }
@@ -92,13 +96,17 @@ AttnKernel attention_variant_by_name(const std::string& name) {
 }
 
 void apply_attention_config(const AttnKernelConfig& c, HybridAttnParams& p) {
-  // A wgmma kernel needs pairs of query heads: an odd group keeps Auto, which runs Simple.
-  p.kernel = c.kernel == AttnKernel::Simple || pairs_group(p.n_heads, p.n_kv_heads) ? c.kernel : AttnKernel::Auto;
+  // A wgmma kernel needs pairs of query heads unless it runs row pairs: an odd group otherwise keeps Auto, which runs
+  // Simple.
+  p.kernel = c.kernel == AttnKernel::Simple || pairs_group(p.n_heads, p.n_kv_heads) || row_pairs_asked(c.opts)
+                 ? c.kernel
+                 : AttnKernel::Auto;
   p.opts = c.opts;
 }
 
 std::string describe_attention(const AttnKernelConfig& c, int n_heads, int n_kv_heads) {
-  if (!pairs_group(n_heads, n_kv_heads)) return "simple (odd query-head group)";
+  if (!pairs_group(n_heads, n_kv_heads) && (c.kernel == AttnKernel::Auto || !row_pairs_asked(c.opts)))
+    return "simple (odd query-head group)";
   const AttnKernel k = c.kernel == AttnKernel::Auto ? kAutoEvenGroup : c.kernel;
   const char* name = choice_name(kKernelNames, k);
   if (k == AttnKernel::Simple) return name;
@@ -109,12 +117,14 @@ std::string describe_attention(const AttnKernelConfig& c, int n_heads, int n_kv_
   return std::string(name) + " (" + ((opts & kOptAdjacentPairs) ? "adjacent" : "even") + " pairs, " +
          ((opts & kOptBulkStore) && !persistent ? "bulk" : "direct") + " stores" +
          (persistent && (opts & kOptStaticItems) ? ", up to 2 static items per CTA" : "") +
-         ((opts & kOptXAttnPipelined) ? ", XAttention pipelined" : "") + ")";
+         ((opts & kOptXAttnPipelined) ? ", XAttention pipelined" : "") +
+         ((opts & kOptRowPairs) ? ", row pairs" : "") + ")";
 }
 
 void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
   HybridAttnParams p = p_in;
-  if (p.opts < -1 || p.opts > 15) bad("opts must be -1 (defaults) or 0..15 (got " + std::to_string(p.opts) + ")");
+  if (p.opts < -1 || p.opts > kOptsAll)
+    bad("opts must be -1 (defaults) or 0..31 (got " + std::to_string(p.opts) + ")");
   if (!p.q || !p.k || !p.v || !p.out || !p.meta) bad("null q, k, v, out or meta");
   if (p.T <= 0) bad("T must be > 0 (got " + std::to_string(p.T) + ")");
   if (p.pos0 < 0) bad("pos0 must be >= 0");
@@ -124,8 +134,8 @@ void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
   if (p.xattn.blocks && (!p.xattn.offsets || !p.xattn.counts)) bad("xattn lists need offsets and counts");
   if (p.head_dim != 64 && p.head_dim != 128) bad("head_dim must be 64 or 128 (got " + std::to_string(p.head_dim) + ")");
   const bool even_group = pairs_group(p.n_heads, p.n_kv_heads);
-  if (p.kernel != AttnKernel::Auto && p.kernel != AttnKernel::Simple && !even_group)
-    bad("the wgmma kernels need an even number of query heads per KV head");
+  if (p.kernel != AttnKernel::Auto && p.kernel != AttnKernel::Simple && !even_group && !row_pairs_asked(p.opts))
+    bad("the wgmma kernels need an even number of query heads per KV head (or row pairs: opts bit 16)");
   if (p.kernel == AttnKernel::Auto && even_group) p.kernel = kAutoEvenGroup;
   if (!is_engine_kernel(p.kernel))
     bad(std::string("the '") + choice_name(kKernelNames, p.kernel) +

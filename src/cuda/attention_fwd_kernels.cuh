@@ -275,6 +275,13 @@ constexpr int kOptStaticItems = 4;
 // heads every step, each masking the halves it does not keep; pingpong and overlap apply), instead of the serial path
 // where each head skips the steps it has no tile in.
 constexpr int kOptXAttnPipelined = 8;
+// Row pairs: a CTA's two consumer warpgroups take one query head's two adjacent 64-row query tiles (qt, qt + 1)
+// instead of two query heads' same tile, and walk the union of the two tiles' lists (both on the pipelined path, each
+// masking what its own list lacks). At block 128 both tiles lie in one query block, so an XAttention head's two
+// tiles share one selection and its walk computes exactly the kept tiles, where a head pair's union computed 1.19
+// tiles per kept one on SmolLM2's real selections (1.45-1.46 either way at block 64: bench --density). Any GQA group.
+constexpr int kOptRowPairs = 16;
+constexpr int kOptsAll = 31;  // every option bit above
 constexpr int kWN = 128;  // keys per wgmma-kernel tile: two 64-key tiles of the sparse lists ("halves")
 
 
@@ -405,23 +412,35 @@ __global__ void __launch_bounds__(384, 1)
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp_in_wg = (tid % 128) / 32;
   const int group = Hq / Hkv, n_keys = pos0 + T, n_pairs = Hq / 2;
-  const int n_items = kPersistent ? n_qtiles * n_pairs : 1;
-  auto item_at = [&](int j, int& qt, int& h0) {  // head pair major, latest tiles first
-    if (kPersistent) {
-      qt = pos0 / kBM + (n_qtiles - 1 - j % n_qtiles);
-      h0 = (j / n_qtiles) * 2;
-    } else {
-      qt = pos0 / kBM + (n_qtiles - 1 - static_cast<int>(blockIdx.x));
-      h0 = blockIdx.y * 2;
-    }
+  const bool row_pairs = (opts & kOptRowPairs) != 0;
+  // An item is (qt, h0): head pairs, heads h0 and h0 + 1 at query tile qt; row pairs, head h0 at tiles qt and qt + 1.
+  // n_units: an item's query-tile units per head (pair); the last row pair of an odd count has no second tile.
+  const int n_units = row_pairs ? (n_qtiles + 1) / 2 : n_qtiles, last_qt = (pos0 + T - 1) / kBM;
+  const int n_items = kPersistent ? n_units * (row_pairs ? Hq : n_pairs) : 1;
+  auto item_at = [&](int j, int& qt, int& h0) {  // head (pair) major, latest tiles first
+    const int ju = kPersistent ? j % n_units : static_cast<int>(blockIdx.x);
+    const int jh = kPersistent ? j / n_units : static_cast<int>(blockIdx.y);
+    const int u = n_units - 1 - ju;
+    qt = pos0 / kBM + (row_pairs ? 2 * u : u);
+    h0 = row_pairs ? jh : jh * 2;
   };
-  // An item's 128-key tiles: the union of both heads' lists (producer and consumers walk the same sequence).
+  // Consumer w's query head and query tile in item (qt, h0).
+  auto head_of = [&](int h0, int w) { return row_pairs ? h0 : h0 + w; };
+  auto qtile_of = [&](int qt, int w) { return row_pairs ? qt + w : qt; };
+  // An item's 128-key tiles: the union of both consumers' lists (producer and consumers walk the same sequence).
   auto tiles_of = [&](const KVHeadMeta& m, int qt, int h0) {
-    auto list = [&](int h) {
-      return walk::tile_list(m.mode, m.sink_blocks, m.local_blocks, xattn.blocks, xattn.offsets, xattn.counts, h, qt,
+    auto list = [&](int h, int q) {
+      return walk::tile_list(m.mode, m.sink_blocks, m.local_blocks, xattn.blocks, xattn.offsets, xattn.counts, h, q,
                              n_keys, block);
     };
-    return walk::PairIter{walk::UnionIter{list(h0), list(h0 + 1)}, (opts & kOptAdjacentPairs) != 0};
+    if (row_pairs) {  // the two tiles' lists differ in every mode (causal extent, window, selection): a real union
+      const walk::TileList none{kv_mode::kFull, 0, 0, 0, 1, nullptr};
+      walk::PairIter it{walk::UnionIter{list(h0, qt), qt + 1 <= last_qt ? list(h0, qt + 1) : none},
+                        (opts & kOptAdjacentPairs) != 0};
+      it.may_share = false;
+      return it;
+    }
+    return walk::PairIter{walk::UnionIter{list(h0, qt), list(h0 + 1, qt)}, (opts & kOptAdjacentPairs) != 0};
   };
 
   if (tid == 0) {
@@ -455,7 +474,8 @@ __global__ void __launch_bounds__(384, 1)
         mbar_expect_tx(bar_q, 2 * kQBytes);
         for (int w = 0; w < 2; ++w)
           for (int hf = 0; hf < kHalves; ++hf)
-            tma_load_3d(sQ + w * kQBytes + hf * (kBM * 128), &tmQ, hf * 64, h0 + w, qt * kBM - pos0, bar_q);
+            tma_load_3d(sQ + w * kQBytes + hf * (kBM * 128), &tmQ, hf * 64, head_of(h0, w),
+                        qtile_of(qt, w) * kBM - pos0, bar_q);
         int tile, m4;
         for (; it.next(tile, m4); ++i) {
           const int s = i % kStages;
@@ -502,8 +522,8 @@ __global__ void __launch_bounds__(384, 1)
       item_at(j, qt, h0);
       const KVHeadMeta m = meta[h0 / group];
       walk::PairIter it = tiles_of(m, qt, h0);
-      const int h = h0 + w;
-      const int row_pos0 = qt * kBM + warp_in_wg * 16 + g;
+      const int h = head_of(h0, w), qtw = qtile_of(qt, w);  // this consumer's head and query tile
+      const int row_pos0 = qtw * kBM + warp_in_wg * 16 + g;
       int n_steps = 0;  // K/V tiles of this item
       const uint32_t myQ = sQ + w * kQBytes;
       float o[HD / 8][4];
@@ -517,7 +537,7 @@ __global__ void __launch_bounds__(384, 1)
       float corr[2];
       bool q_released = false;
 
-      if (m.mode == kv_mode::kXAttn && xattn.blocks != nullptr && !(opts & kOptXAttnPipelined)) {
+      if (m.mode == kv_mode::kXAttn && xattn.blocks != nullptr && !(opts & (kOptXAttnPipelined | kOptRowPairs))) {
         // XAttn: the two heads' lists differ; walk their union, compute own tiles only (no overlap of steps).
         int tile, m4;
         for (int ii = 0; it.next(tile, m4); ++ii, ++n_steps) {
@@ -529,7 +549,7 @@ __global__ void __launch_bounds__(384, 1)
             issue_s<HD>(sacc, myQ, sK + s * kTileBytes);
             wgmma_wait<0>();
             fence_regs<kWN / 2>(&sacc[0][0]);
-            softmax_step(sacc, tile, valid, qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+            softmax_step(sacc, tile, valid, qtw, row_pos0, t4, row_m, row_l, corr, scale_log2);
             rescale<HD>(o, corr);
             to_bf16_frags(sacc, pa);
           }
@@ -564,7 +584,7 @@ __global__ void __launch_bounds__(384, 1)
           pass_turn();
           wgmma_wait<0>();
           fence_regs<kWN / 2>(&sacc[0][0]);
-          softmax_step(sacc, tile, walk::head_valid(m4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+          softmax_step(sacc, tile, walk::head_valid(m4, w), qtw, row_pos0, t4, row_m, row_l, corr, scale_log2);
           to_bf16_frags(sacc, pa);
           if constexpr (kOverlap) {
             // S_{i+1} = Q K_{i+1}^T first, then O += P_i V_i; wait for S only (wait_group 1) and run its softmax
@@ -582,7 +602,7 @@ __global__ void __launch_bounds__(384, 1)
               pass_turn();
               wgmma_wait<1>();
               fence_regs<kWN / 2>(&sacc[0][0]);
-              softmax_step(sacc, ntile, walk::head_valid(nm4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+              softmax_step(sacc, ntile, walk::head_valid(nm4, w), qtw, row_pos0, t4, row_m, row_l, corr, scale_log2);
               wgmma_wait<0>();
               fence_regs<HD / 2>(&o[0][0]);
               __syncwarp();
@@ -624,7 +644,7 @@ __global__ void __launch_bounds__(384, 1)
             __syncwarp();
             if (lane == 0) mbar_arrive(bar_em(s));  // K_i and V_i consumed
             if (!has_next) break;
-            softmax_step(sacc, ntile, walk::head_valid(nm4, w), qt, row_pos0, t4, row_m, row_l, corr, scale_log2);
+            softmax_step(sacc, ntile, walk::head_valid(nm4, w), qtw, row_pos0, t4, row_m, row_l, corr, scale_log2);
             rescale<HD>(o, corr);
             to_bf16_frags(sacc, pa);
           }
@@ -643,7 +663,8 @@ __global__ void __launch_bounds__(384, 1)
       // (conflict-free 4-byte writes) and leaves with one bulk tensor store per 64 columns (rows past T clipped),
       // instead of 64 scattered 4-byte global stores per thread. Not for the first tile of an unaligned chunk: a
       // bulk store at a negative row faults ("illegal instruction" on the H200), so that tile stores directly.
-      const bool bulk_out = !kPersistent && (opts & kOptBulkStore) && qt * kBM - pos0 >= 0;
+      // (Nor for a row pair's missing second tile, past the chunk: its rows are not stored at all.)
+      const bool bulk_out = !kPersistent && (opts & kOptBulkStore) && qtw * kBM - pos0 >= 0 && qtw <= last_qt;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const float l = quad_sum(row_l[rr]);
@@ -670,7 +691,7 @@ __global__ void __launch_bounds__(384, 1)
             asm volatile(
                 "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
                     reinterpret_cast<uint64_t>(&tmO)),
-                "r"(myQ + hf * (kBM * 128)), "r"(hf * 64), "r"(h), "r"(qt * kBM - pos0)
+                "r"(myQ + hf * (kBM * 128)), "r"(hf * 64), "r"(h), "r"(qtw * kBM - pos0)
                 : "memory");
           asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
           // Until the writes are done, not just the reads of shared memory: a kernel that reads `out` next on
@@ -729,12 +750,14 @@ void launch_wgmma(const HybridAttnParams& p, cudaStream_t stream) {
   const int qt0 = p.pos0 / kBM, qt1 = (p.pos0 + p.T - 1) / kBM, n_qtiles = qt1 - qt0 + 1;
   const float scale_log2 = 1.f / std::sqrt(static_cast<float>(HD)) * 1.4426950408889634f;
   const int opts = p.opts >= 0 ? p.opts : default_wgmma_opts(kOverlap || kPersistent);
-  dim3 grid(n_qtiles, p.n_heads / 2);
+  const bool row_pairs = (opts & kOptRowPairs) != 0;
+  const int n_units = row_pairs ? (n_qtiles + 1) / 2 : n_qtiles, n_heads_units = row_pairs ? p.n_heads : p.n_heads / 2;
+  dim3 grid(n_units, n_heads_units);
   // Persistent: one CTA per SM (the kernel's shared memory allows one), never more than the work items; with
   // kOptStaticItems ceil(items / 2) CTAs, each taking at most two.
   if (kPersistent) {
     const int n_sm = sm_count();
-    const int n_items = n_qtiles * (p.n_heads / 2);
+    const int n_items = n_units * n_heads_units;
     grid = dim3((opts & kOptStaticItems) ? (n_items + 1) / 2 : std::min(n_items, n_sm), 1);
   }
   attn_fwd_wgmma<HD, kPingpong, kPersistent, kOverlap><<<grid, 384, smem, stream>>>(

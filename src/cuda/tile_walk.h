@@ -83,8 +83,12 @@ struct PairIter {
   bool adjacent = false;
   bool pending = false;
   int ptile = 0, pmask = 0;
+  // Whether a Full / Streaming (or dense XAttn) first list may stand for both (next_shared): true for two query
+  // heads of one query tile, whose lists those modes make identical; false for one head's two query tiles (the
+  // wgmma kernel's row pairs), whose lists differ.
+  bool may_share = true;
   ELASTIC_HD bool next(int& first, int& m4) {
-    if (un.a.mode != kv_mode::kXAttn) return next_shared(first, m4);
+    if (may_share && un.a.mode != kv_mode::kXAttn) return next_shared(first, m4);
     int t, m;
     if (pending) {
       t = ptile, m = pmask, pending = false;

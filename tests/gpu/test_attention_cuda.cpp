@@ -380,7 +380,7 @@ TEST(CudaHybridAttention, DescribesWhatAConfigurationRuns) {
   expect_env_error("ELASTIC_DECODE_SPLIT", "32", [] { cuda::describe_decode_auto(); });
   expect_env_error("ELASTIC_ATTN_KERNEL", "fastest", [] { cuda::attention_config_from_env(); });
   EnvGuard k("ELASTIC_ATTN_KERNEL", "overlap");
-  expect_env_error("ELASTIC_ATTN_OPTS", "16", [] { cuda::attention_config_from_env(); });
+  expect_env_error("ELASTIC_ATTN_OPTS", "32", [] { cuda::attention_config_from_env(); });
 }
 
 // Option bit 2: the persistent kernel with two static items per CTA, then the default dynamic one on the same case
@@ -404,6 +404,25 @@ TEST(CudaHybridAttention, XAttnHeadsPipelined) {
   }
 }
 
+// Option bit 16 (row pairs): a CTA's consumers take one head's two adjacent 64-row query tiles and walk the union of
+// their lists, in every wgmma form, with and without adjacent pairing and bulk stores, on mixed routings: an odd
+// number of query tiles (the last pair alone), a chunk starting at an odd query tile (pos0 64), block 128 (one
+// selection per row pair) and 64, and an odd GQA group (3: SmolLM2's), which only row pairs let the wgmma kernel run.
+TEST(CudaHybridAttention, RowPairs) {
+  using K = cuda::AttnKernel;
+  for (const Case& c : {Case{700, 0, 16, 4, 128, 64, 64, 128, {F, S, X, S}, 2.f},
+                        Case{600, 128, 8, 4, 128, 128, 100, 300, {X, S, F, X}, 2.f},
+                        Case{500, 64, 8, 2, 128, 64, 64, 128, {X, F}, 2.f},
+                        Case{900, 0, 8, 2, 64, 128, 128, 256, {S, X}, 2.f},
+                        Case{1000, 0, 16, 8, 64, 64, 128, 256, {F, S, F, X, S, F, X, F}, 2.f}}) {
+    run_prefill_case_with(c, {K::WgmmaOverlap, K::Wgmma, K::WgmmaNoPingpong}, 16 | 1);
+    run_prefill_case_with(c, {K::WgmmaOverlap, K::WgmmaOverlapNoPingpong, K::WgmmaPersistent}, 16 | 2 | 1);
+    run_prefill_case_with(c, {K::WgmmaOverlap}, 16 | 2);  // even pairing
+  }
+  const Case odd{777, 0, 6, 2, 64, 64, 64, 128, {X, S}, 2.f};
+  run_prefill_case_with(odd, {K::WgmmaOverlap, K::Wgmma}, 16 | 2 | 1);
+}
+
 // A launch reads no environment: an unknown ELASTIC_ATTN_KERNEL changes nothing there (attention_config_from_env,
 // above, is where it is an error); bad options are refused by name before any launch (no GPU needed).
 TEST(CudaHybridAttention, LaunchesReadNoEnvironment) {
@@ -415,10 +434,10 @@ TEST(CudaHybridAttention, LaunchesReadNoEnvironment) {
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()).find("ELASTIC_ATTN_KERNEL"), std::string::npos) << e.what();
   }
-  p.opts = 16;
+  p.opts = 32;
   try {
     cuda::hybrid_attention_fwd(p, nullptr);
-    ADD_FAILURE() << "opts 16 accepted";
+    ADD_FAILURE() << "opts 32 accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("opts"), std::string::npos) << e.what();
   }
