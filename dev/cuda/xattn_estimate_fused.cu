@@ -33,6 +33,7 @@
 #include "cuda/wgmma_tma.cuh"
 #include "cuda/xattn_estimate_check.h"
 #include "cuda/xattn_select_blocks.cuh"  // warp_combine_max_sum
+#include "cuda/xattn_threshold.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
 #include "xattn_estimate_variants.h"
@@ -50,7 +51,6 @@ constexpr int kBBytes = kTN * kTK * 2;
 constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kScoreSmem = kStages * kStageBytes + 1024;  // + the swizzle atoms' 1024-byte alignment
 constexpr int kSelectWarps = 8;
-constexpr double kFixed = 17592186044416.0;  // 2^44: block masses (<= B/S <= 16) in fixed point, sums exact
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
@@ -235,13 +235,9 @@ __device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v)
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ __forceinline__ unsigned long long to_fixed(float m) {
-  return static_cast<unsigned long long>(__double2ull_rn(static_cast<double>(m) * kFixed));
-}
-// A candidate's order key: descending mass, then ascending index (xattn_select's tie rule). nb < 65536.
-__device__ __forceinline__ unsigned long long order_key(float m, int kb) {
-  return (static_cast<unsigned long long>(__float_as_uint(m)) << 16) | static_cast<unsigned long long>(0xffff - kb);
-}
+using xattn_threshold::kept_threshold;
+using xattn_threshold::order_key;
+using xattn_threshold::to_fixed;
 
 // Kernel 3: warp (kvh, g, query block qb_begin + j) of the group; A rows of the group, -inf past each row's keys.
 __global__ void __launch_bounds__(kSelectWarps * 32)
@@ -288,35 +284,20 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   total = warp_sum_u64(total);
   const unsigned long long forced = to_fixed(ms[0]) + (qb > 0 ? to_fixed(ms[qb]) : 0ull);
   const double required = static_cast<double>(total) * static_cast<double>(tau);
-  // Candidates 1 <= kb < qb: kept iff forced + (mass of the candidates ordered before kb) < required, i.e. iff their
-  // key exceeds t = the largest key at which the candidates above it do not bring the sum under `required`.
-  auto above = [&](unsigned long long t) {  // fixed-point mass of the candidates with key > t
+  // Candidates 1 <= kb < qb, kept iff their key exceeds the threshold (xattn_threshold.h says why that is the rule).
+  auto above = [&](unsigned long long t) {  // fixed-point mass of the candidates with key > t, summed by the warp
     unsigned long long s = 0;
     for (int kb = 1 + lane; kb < qb; kb += 32)
       if (order_key(ms[kb], kb) > t) s += to_fixed(ms[kb]);
     return warp_sum_u64(s);
   };
-  auto kept_below = [&](unsigned long long t) {
-    return static_cast<double>(forced + above(t)) < required;
-  };
-  unsigned long long t = ~0ull;  // no candidate kept
-  if (qb > 1 && static_cast<double>(forced) < required) {
-    if (kept_below(0ull)) {
-      t = 0ull;  // every candidate (keys are > 0)
-    } else {
-      t = 0ull;  // invariant: !kept_below(t); kept_below(2^47 - 1) holds (no candidate above it)
-      for (int bit = 46; bit >= 0; --bit) {
-        const unsigned long long c = t | (1ull << bit);
-        if (!kept_below(c)) t = c;
-      }
-    }
-  }
+  const unsigned long long t = kept_threshold(qb > 1, forced, required, above);
   // Ascending write: block 0, the kept candidates, the diagonal.
   int32_t* outl = blocks + (static_cast<int64_t>(h) * nb * (nb + 1) / 2 + int64_t(qb) * (qb + 1) / 2);
   int n = 0;
   for (int b0 = 0; b0 <= qb; b0 += 32) {
     const int kb = b0 + lane;
-    const bool f = kb <= qb && (kb == 0 || kb == qb || (t != ~0ull && order_key(ms[kb], kb) > t));
+    const bool f = kb <= qb && (kb == 0 || kb == qb || xattn_threshold::kept(t, ms[kb], kb));
     const unsigned bal = __ballot_sync(0xffffffffu, f);
     if (f) outl[n + __popc(bal & ((1u << lane) - 1u))] = kb;
     n += __popc(bal);
@@ -376,7 +357,7 @@ void xattn_estimate_fused(const XAttnEstimateParams& p, cudaStream_t stream) {
   int X = 0;
   const HeadList heads = head_list(p, X, "xattn_estimate_variant (Fused)");
   const Shape s = shape_of(p.T, p.pos0, G, hd, S, B);
-  if (s.nb >= 65536) bad("at most 65,535 key blocks (the order keys hold a 16-bit index)");
+  if (s.nb > xattn_threshold::kMaxBlocks) bad("at most 65,535 key blocks (the order keys hold a 16-bit index)");
   if (!p.scratch) bad("needs scratch (xattn_fused_scratch_bytes)");
   const size_t need = size_t(X) * G * s.group_rows * s.lda * sizeof(float);
   if (X > 0 && need > p.scratch_bytes)
