@@ -35,11 +35,12 @@ struct XAttnBlockLists {
 };
 
 // Simple: mma.sync m16n8k16 + cp.async, any group. Wgmma ("v4"): TMA + mbarrier pipeline + wgmma, warp-specialized,
-// with pingpong scheduling of its two consumer warpgroups; needs an even number of query heads per KV head.
+// with pingpong scheduling of its two consumer warpgroups; needs an even number of query heads per KV head, unless
+// opts has row pairs (bit 16: a CTA's consumers take one head's two query tiles instead of two heads' one).
 // WgmmaOverlap: Wgmma plus the softmax of S_{i+1} overlapping P_i V_i inside each consumer warpgroup, adjacent tile
 // pairs and a bulk-store epilogue; on the H200 1.02-1.13x Wgmma's speed on full layers from 8K to 128K tokens (one
 // row of ten 2% slower) and 1.10-1.14x on all-streaming ones (docs/CUDA_ATTENTION.md, "Against the targets").
-// Auto: WgmmaOverlap when the group is even, else Simple. A backend chooses once, when it is built, through an
+// Auto: WgmmaOverlap when the group is even or opts asks for row pairs, else Simple. A backend chooses once, when it is built, through an
 // AttnKernelConfig (below); a launch reads no environment.
 // WgmmaNoPingpong: Wgmma without the pingpong (kept to measure it).
 // WgmmaPersistent: WgmmaOverlap with one CTA per SM taking (query tile, head pair) items from a device counter, with
@@ -70,8 +71,8 @@ struct HybridAttnParams {
   XAttnBlockLists xattn;
   AttnKernel kernel = AttnKernel::Auto;
   int opts = -1;  // wgmma kernels' option bits (1 adjacent pairs, 2 bulk stores, 4 two static items per persistent
-                  // CTA, 8 XAttention heads on the pipelined path), 0..15; -1: the kernel's defaults (Wgmma and
-                  // NoPingpong 0, the overlap and persistent ones 3)
+                  // CTA, 8 XAttention heads on the pipelined path, 16 row pairs), 0..31; -1: the kernel's defaults
+                  // (Wgmma and NoPingpong 0, the overlap and persistent ones 3)
 };
 
 // One launch for all heads of a layer with an engine kernel (is_engine_kernel). Throws std::invalid_argument on bad
@@ -81,14 +82,14 @@ void hybrid_attention_fwd(const HybridAttnParams& p, cudaStream_t stream);
 // The prefill attention kernel a backend runs, chosen once when it is built (GpuOptions::attention) and logged with
 // its allocation plan, so a captured graph or a saved bench table runs and names what was configured.
 struct AttnKernelConfig {
-  AttnKernel kernel = AttnKernel::Auto;  // for even GQA groups; odd groups run Simple (a wgmma kernel needs pairs)
+  AttnKernel kernel = AttnKernel::Auto;  // odd GQA groups run Simple unless opts asks for row pairs
   int opts = -1;                         // HybridAttnParams::opts
 };
 // The kernels the engine runs (hybrid_attention_fwd): Auto, Simple, WgmmaOverlap. The others are measurement
 // variants that the dev area launches (dev/cuda/attention_variants.h); hybrid_attention_fwd refuses them by name.
 bool is_engine_kernel(AttnKernel k);
 const char* attention_kernel_name(AttnKernel k);  // "auto", "simple", "wgmma", "overlap", "overlap-nopingpong", ...
-// What ELASTIC_ATTN_KERNEL (auto, simple, overlap) and ELASTIC_ATTN_OPTS (0..15) name, read now: unset means Auto
+// What ELASTIC_ATTN_KERNEL (auto, simple, overlap) and ELASTIC_ATTN_OPTS (0..31) name, read now: unset means Auto
 // and the defaults. Throws std::invalid_argument naming the variable and the accepted values on a bad one.
 AttnKernelConfig attention_config_from_env();
 // An engine kernel by the names above (bench --attn-kernel); throws std::invalid_argument naming the value.

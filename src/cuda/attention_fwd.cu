@@ -24,10 +24,10 @@ namespace {
 
 void bad(const std::string& what) { throw std::invalid_argument("hybrid_attention_fwd: " + what); }
 
-// Whether a GQA shape has an even number of query heads per KV head, as the wgmma kernels need.
 // Option bit 16 (row pairs) set explicitly: the wgmma kernel then takes any GQA group.
 bool row_pairs_asked(int opts) { return opts >= 0 && (opts & kOptRowPairs); }
 
+// Whether a GQA shape has an even number of query heads per KV head, as the wgmma kernels need without row pairs.
 bool pairs_group(int n_heads, int n_kv_heads) {
   return n_kv_heads > 0 && n_heads % n_kv_heads == 0 && (n_heads / n_kv_heads) % 2 == 0;
 }
@@ -96,8 +96,8 @@ AttnKernel attention_variant_by_name(const std::string& name) {
 }
 
 void apply_attention_config(const AttnKernelConfig& c, HybridAttnParams& p) {
-  // A wgmma kernel needs pairs of query heads unless it runs row pairs: an odd group otherwise keeps Auto, which runs
-  // Simple.
+  // A wgmma kernel needs pairs of query heads unless it runs row pairs: an odd group otherwise keeps Auto, which then
+  // runs Simple.
   p.kernel = c.kernel == AttnKernel::Simple || pairs_group(p.n_heads, p.n_kv_heads) || row_pairs_asked(c.opts)
                  ? c.kernel
                  : AttnKernel::Auto;
@@ -105,8 +105,7 @@ void apply_attention_config(const AttnKernelConfig& c, HybridAttnParams& p) {
 }
 
 std::string describe_attention(const AttnKernelConfig& c, int n_heads, int n_kv_heads) {
-  if (!pairs_group(n_heads, n_kv_heads) && (c.kernel == AttnKernel::Auto || !row_pairs_asked(c.opts)))
-    return "simple (odd query-head group)";
+  if (!pairs_group(n_heads, n_kv_heads) && !row_pairs_asked(c.opts)) return "simple (odd query-head group)";
   const AttnKernel k = c.kernel == AttnKernel::Auto ? kAutoEvenGroup : c.kernel;
   const char* name = choice_name(kKernelNames, k);
   if (k == AttnKernel::Simple) return name;
@@ -136,7 +135,7 @@ void hybrid_attention_fwd(const HybridAttnParams& p_in, cudaStream_t stream) {
   const bool even_group = pairs_group(p.n_heads, p.n_kv_heads);
   if (p.kernel != AttnKernel::Auto && p.kernel != AttnKernel::Simple && !even_group && !row_pairs_asked(p.opts))
     bad("the wgmma kernels need an even number of query heads per KV head (or row pairs: opts bit 16)");
-  if (p.kernel == AttnKernel::Auto && even_group) p.kernel = kAutoEvenGroup;
+  if (p.kernel == AttnKernel::Auto && (even_group || row_pairs_asked(p.opts))) p.kernel = kAutoEvenGroup;
   if (!is_engine_kernel(p.kernel))
     bad(std::string("the '") + choice_name(kKernelNames, p.kernel) +
         "' kernel is a measurement variant: the dev area runs it (dev/cuda/attention_variants.h, bench_attention_gpu)");

@@ -320,6 +320,9 @@ TEST(CudaHybridAttention, DescribesWhatAConfigurationRuns) {
             "persistent (adjacent pairs, direct stores, up to 2 static items per CTA)");
   EXPECT_EQ(cuda::describe_attention({K::Simple, -1}, 8, 2), "simple");
   EXPECT_EQ(cuda::describe_attention({K::Wgmma, -1}, 6, 2), "simple (odd query-head group)");
+  // Row pairs (bit 16) let an odd group run the wgmma kernel, Auto included.
+  EXPECT_EQ(cuda::describe_attention({K::Auto, 19}, 6, 2), "overlap (adjacent pairs, bulk stores, row pairs)");
+  EXPECT_EQ(cuda::describe_attention({K::Simple, 19}, 6, 2), "simple");
   {
     EnvGuard k("ELASTIC_ATTN_KERNEL", ""), o("ELASTIC_ATTN_OPTS", "");
     const cuda::AttnKernelConfig c = cuda::attention_config_from_env();
@@ -367,6 +370,9 @@ TEST(CudaHybridAttention, DescribesWhatAConfigurationRuns) {
   EXPECT_EQ(p.kernel, K::Auto);
   cuda::apply_attention_config({K::Simple, -1}, p);
   EXPECT_EQ(p.kernel, K::Simple);
+  cuda::apply_attention_config({K::WgmmaOverlap, 16 | 3}, p);  // row pairs: the odd group keeps the wgmma kernel
+  EXPECT_EQ(p.kernel, K::WgmmaOverlap);
+  EXPECT_EQ(p.opts, 19);
   {
     EnvGuard l("ELASTIC_DECODE_LOADS", ""), c("ELASTIC_DECODE_COMBINE", "");
     EnvGuard sp("ELASTIC_DECODE_SPLIT", "");
@@ -419,8 +425,16 @@ TEST(CudaHybridAttention, RowPairs) {
     run_prefill_case_with(c, {K::WgmmaOverlap, K::WgmmaOverlapNoPingpong, K::WgmmaPersistent}, 16 | 2 | 1);
     run_prefill_case_with(c, {K::WgmmaOverlap}, 16 | 2);  // even pairing
   }
+  // A chunk starting mid-tile (pos0 300: the first pair's first tile stores directly, the second in bulk; XAttention
+  // heads without lists there, dense), a one-tile chunk (its pair has no second tile), static items.
+  for (const Case& c : {Case{133, 300, 8, 2, 64, 64, 64, 128, {S, X}, 2.f},
+                        Case{44, 256, 8, 2, 128, 64, 64, 128, {S, F}, 2.f}}) {
+    run_prefill_case_with(c, {K::WgmmaOverlap, K::Wgmma}, 16 | 2 | 1);
+    run_prefill_case_with(c, {K::WgmmaPersistent}, 16 | 4 | 1);
+  }
   const Case odd{777, 0, 6, 2, 64, 64, 64, 128, {X, S}, 2.f};
-  run_prefill_case_with(odd, {K::WgmmaOverlap, K::Wgmma}, 16 | 2 | 1);
+  run_prefill_case_with(odd, {K::Auto, K::WgmmaOverlap, K::Wgmma, K::WgmmaNoPingpong}, 16 | 2 | 1);
+  run_prefill_case_with(odd, {K::WgmmaPersistent}, 16 | 4 | 1);
 }
 
 // A launch reads no environment: an unknown ELASTIC_ATTN_KERNEL changes nothing there (attention_config_from_env,
