@@ -58,14 +58,14 @@ struct AttentionStats {
   // What XAttention keeps on real prompts, per (layer, head): `bench --density`.
   bool per_layer = false;
   std::vector<double> layer_blocks_skipped, layer_blocks_causal;
-  // Heads with a block selection (XAttention), in 64-key tiles: the tiles their selections keep, and the tiles the
-  // GPU's paired kernel computes for them (paired_walk_steps over each pair of adjacent query heads of a KV head,
-  // two tiles a step for each head of the pair). Their ratio is the paired walk's cost per kept tile. Counted where
-  // block skips are (AttentionArgs::track_esr: the last layer, or every layer with per_layer).
+  // Heads with a block selection (XAttention), per 64-row query tile in 64-key tiles (each list cut at its query tile,
+  // as the GPU kernel walks): the tiles their selections keep, and the tiles the GPU's paired kernel computes for
+  // them (paired_walk_steps over each pair of adjacent query heads of a KV head, two tiles a step for each head of
+  // the pair). Their ratio is the paired walk's cost per kept tile. Counted where block skips are
+  // (AttentionArgs::track_esr: the last layer, or every layer with per_layer).
   double xattn_kept_tiles = 0, xattn_paired_tiles = 0;
-  // The same for the walk a kernel would make with one query head's two 64-row halves of a 128-row query tile
-  // together (over the union of the halves' selections; at block 128 they share one), in (64 rows x 64 keys) tiles:
-  // what a CTA per (query head, 128 rows) would compute instead of one per (head pair, 64 rows).
+  // The same for the kernel's row pairs (option bit 16): one query head's two adjacent 64-row query tiles together,
+  // paired from the call's first tile, over the union of their lists (at block 128 both lie in one selection).
   double xattn_rowpair_kept = 0, xattn_rowpair_tiles = 0;
   double flops_ratio() const { return pairs_full > 0 ? pairs_done / pairs_full : 1.0; }
   double esr() const;  // Omega_ESR: mean over heads of skipped / causal key blocks

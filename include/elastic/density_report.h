@@ -16,8 +16,9 @@ struct HeadDensity {
   // Tiles the GPU's paired walk computes per tile the selections keep (AttentionStats::xattn_paired_tiles /
   // xattn_kept_tiles); NaN without selections. 1 when paired heads keep the same 128-key groups.
   double paired_walk_cost = NAN;
-  // The same for one head's two 64-row halves walked together (AttentionStats::xattn_rowpair_*); NaN without
-  // selections. 1 at block 128 (the halves share a selection, and a 128-key block is a whole step).
+  // The same for the kernel's row pairs, one head's two 64-row query tiles walked together
+  // (AttentionStats::xattn_rowpair_*); NaN without selections. Near 1 at block 128 (the tiles share a selection and a
+  // 128-key block is a whole step; the first tile also computes the second's diagonal tile, masked).
   double rowpair_walk_cost = NAN;
   int heads() const;         // how many heads have a figure
   double mean() const;       // over the heads that have one (NaN when none)

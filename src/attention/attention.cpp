@@ -217,40 +217,36 @@ void attention_forward(const AttentionArgs& a) {
   st.pairs_done += done;
   for (int t = 0; t < a.T; ++t) st.pairs_full += static_cast<double>(a.pos0 + t + 1) * a.n_heads;
   if (a.track_esr) {
-    // Selecting heads: what the GPU's paired walk would compute for the selections made here (64-key tiles; the query
-    // heads of a KV head paired in order, an odd group's last head alone).
-    const int R = B / 64;
+    // Selecting heads: what the GPU kernel's walk would compute for the selections made here, per 64-row query tile
+    // as the kernel walks (tile_walk.h: 64-key tiles, a head's list cut at its query tile), for its two pairings:
+    // head pairs (the query heads of a KV head paired in order, an odd group's last head alone, at one query tile)
+    // and row pairs (one head's query tiles paired from the call's first, an odd count's last alone).
+    const int R = B / 64, qt0 = a.pos0 / 64, qt1 = (n_pos - 1) / 64;
+    auto tiles_of = [&](int h, int qt) {
+      std::vector<int> t;
+      const int qb = qt / R;
+      for (int kb = 0; kb <= qb; ++kb)
+        if (keeps(h, qb, kb))
+          for (int r = 0; r < R && kb * R + r <= qt; ++r) t.push_back(kb * R + r);
+      return t;
+    };
     for (int kvh = 0; kvh < a.n_kv_heads; ++kvh) {
       if (xmask[kvh * group].n_blocks == 0) continue;
-      for (int qb = a.pos0 / B; qb <= (n_pos - 1) / B; ++qb)
+      for (int qt = qt0; qt <= qt1; ++qt)
         for (int h = kvh * group; h < (kvh + 1) * group; h += 2) {
           const int n_pair = std::min(2, (kvh + 1) * group - h);
-          std::vector<int> tiles[2];
-          for (int i = 0; i < n_pair; ++i)
-            for (int kb = 0; kb <= qb; ++kb)
-              if (keeps(h + i, qb, kb))
-                for (int r = 0; r < R; ++r) tiles[i].push_back(kb * R + r);
-          st.xattn_kept_tiles += static_cast<double>(tiles[0].size() + tiles[1].size());
-          st.xattn_paired_tiles += 2.0 * n_pair * paired_walk_steps(tiles[0], tiles[1]);
+          const std::vector<int> t0 = tiles_of(h, qt), t1 = n_pair > 1 ? tiles_of(h + 1, qt) : std::vector<int>{};
+          st.xattn_kept_tiles += static_cast<double>(t0.size() + t1.size());
+          st.xattn_paired_tiles += 2.0 * n_pair * paired_walk_steps(t0, t1);
         }
     }
-    // The alternative walk: each selecting query head's 128-row query tiles, the two 64-row halves together.
     for (int h = 0; h < a.n_heads; ++h) {
       if (xmask[h].n_blocks == 0) continue;
-      for (int t = a.pos0 / 128; t <= (n_pos - 1) / 128; ++t) {
-        std::vector<int> tiles[2];
-        int n_half = 0;
-        for (int w = 0; w < 2; ++w) {
-          const int row0 = t * 128 + w * 64;  // a half of this call (chunks start on a block: 64 or 128 rows)
-          if (row0 < a.pos0 || row0 >= n_pos) continue;
-          const int qb = row0 / B;
-          for (int kb = 0; kb <= qb; ++kb)
-            if (keeps(h, qb, kb))
-              for (int r = 0; r < R; ++r) tiles[n_half].push_back(kb * R + r);
-          ++n_half;
-        }
-        st.xattn_rowpair_kept += static_cast<double>(tiles[0].size() + tiles[1].size());
-        st.xattn_rowpair_tiles += 2.0 * n_half * paired_walk_steps(tiles[0], tiles[1]);
+      for (int qt = qt0; qt <= qt1; qt += 2) {
+        const int n_half = qt + 1 <= qt1 ? 2 : 1;
+        const std::vector<int> t0 = tiles_of(h, qt), t1 = n_half > 1 ? tiles_of(h, qt + 1) : std::vector<int>{};
+        st.xattn_rowpair_kept += static_cast<double>(t0.size() + t1.size());
+        st.xattn_rowpair_tiles += 2.0 * n_half * paired_walk_steps(t0, t1);
       }
     }
     // Per KV head: causal (query block, key block) pairs of the query blocks this call touched, and the skipped ones.

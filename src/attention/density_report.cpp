@@ -60,7 +60,7 @@ std::string head_density_markdown(const HeadDensity& d) {
     o += buf;
     if (std::isfinite(d.rowpair_walk_cost)) {
       std::snprintf(buf, sizeof buf,
-                    "; one query head's two 64-row halves of a 128-row query tile walked together instead, %.2f",
+                    "; one query head's two adjacent 64-row query tiles walked together instead (row pairs), %.2f",
                     d.rowpair_walk_cost);
       o += buf;
     }

@@ -278,8 +278,9 @@ constexpr int kOptXAttnPipelined = 8;
 // Row pairs: a CTA's two consumer warpgroups take one query head's two adjacent 64-row query tiles (qt, qt + 1)
 // instead of two query heads' same tile, and walk the union of the two tiles' lists (both on the pipelined path, each
 // masking what its own list lacks). At block 128 both tiles lie in one query block, so an XAttention head's two
-// tiles share one selection and its walk computes exactly the kept tiles, where a head pair's union computed 1.19
-// tiles per kept one on SmolLM2's real selections (1.45-1.46 either way at block 64: bench --density). Any GQA group.
+// tiles share one selection and its walk computes 1.04 tiles per kept one on SmolLM2's real selections (the first
+// tile's masked copy of the second's diagonal), where a head pair's union computes 1.24 (1.45-1.46 either way at
+// block 64: bench --density). Any GQA group.
 constexpr int kOptRowPairs = 16;
 constexpr int kOptsAll = 31;  // every option bit above
 constexpr int kWN = 128;  // keys per wgmma-kernel tile: two 64-key tiles of the sparse lists ("halves")
