@@ -16,7 +16,7 @@ void hybrid_attention_fwd_any(const HybridAttnParams& p, cudaStream_t stream) {
       p.n_heads % p.n_kv_heads || (p.block != 64 && p.block != 128) || (p.head_dim != 64 && p.head_dim != 128) ||
       p.opts < -1 || p.opts > kOptsAll || (p.xattn.blocks && (!p.xattn.offsets || !p.xattn.counts)))
     return hybrid_attention_fwd(check, stream);  // throws, naming the field (every field here is one it refuses)
-  if ((p.n_heads / p.n_kv_heads) % 2 && !(p.opts >= 0 && (p.opts & kOptRowPairs)))
+  if ((p.n_heads / p.n_kv_heads) % 2 && !row_pairs_asked(p.opts))
     throw std::invalid_argument("hybrid_attention_fwd: the wgmma kernels need an even number of query heads per KV "
                                 "head (or row pairs: opts bit 16)");
   const bool hd64 = p.head_dim == 64;

@@ -52,8 +52,6 @@ constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kScoreSmem = kStages * kStageBytes + 1024;  // + the swizzle atoms' 1024-byte alignment
 constexpr int kSelectWarps = 8;
 
-int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-
 // The scratch of one group: [X * G][kGroupRows or fewer][lda] fp32 log-sum-exps, lda = nb rounded up to 4.
 struct Shape {
   int S = 0, B = 0, rb = 0, G = 0, hd = 0, n_pos = 0, nb = 0, lda = 0;
@@ -359,7 +357,7 @@ void xattn_estimate_fused(const XAttnEstimateParams& p, cudaStream_t stream) {
   const Shape s = shape_of(p.T, p.pos0, G, hd, S, B);
   if (s.nb > xattn_threshold::kMaxBlocks) bad("at most 65,535 key blocks (the order keys hold a 16-bit index)");
   if (!p.scratch) bad("needs scratch (xattn_fused_scratch_bytes)");
-  const size_t need = size_t(X) * G * s.group_rows * s.lda * sizeof(float);
+  const size_t need = xattn_fused_scratch_bytes(p.T, s.n_pos, X, G, hd, S, B);
   if (X > 0 && need > p.scratch_bytes)
     bad("needs " + std::to_string(need) + " bytes of scratch for this chunk, got " + std::to_string(p.scratch_bytes));
   const size_t sel_smem = size_t(kSelectWarps) * s.nb * sizeof(float);

@@ -24,9 +24,6 @@ namespace {
 
 void bad(const std::string& what) { throw std::invalid_argument("hybrid_attention_fwd: " + what); }
 
-// Option bit 16 (row pairs) set explicitly: the wgmma kernel then takes any GQA group.
-bool row_pairs_asked(int opts) { return opts >= 0 && (opts & kOptRowPairs); }
-
 // Whether a GQA shape has an even number of query heads per KV head, as the wgmma kernels need without row pairs.
 bool pairs_group(int n_heads, int n_kv_heads) {
   return n_kv_heads > 0 && n_heads % n_kv_heads == 0 && (n_heads / n_kv_heads) % 2 == 0;

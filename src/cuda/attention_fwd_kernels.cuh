@@ -283,6 +283,8 @@ constexpr int kOptXAttnPipelined = 8;
 // block 64: bench --density). Any GQA group.
 constexpr int kOptRowPairs = 16;
 constexpr int kOptsAll = 31;  // every option bit above
+// Row pairs set explicitly (opts >= 0): the wgmma kernel then takes any GQA group.
+inline bool row_pairs_asked(int opts) { return opts >= 0 && (opts & kOptRowPairs); }
 constexpr int kWN = 128;  // keys per wgmma-kernel tile: two 64-key tiles of the sparse lists ("halves")
 
 

@@ -23,6 +23,8 @@ inline void check_xattn_estimate(const XAttnEstimateParams& p, const char* fn) {
     bad("n_heads must be a positive multiple of n_kv_heads");
 }
 
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
 // The KV heads a product form scores, passed by value to its kernels: the routed heads when the caller lists them
 // (XAttnEstimateParams::xa_kv_heads), else every KV head.
 constexpr int kMaxKvHeads = 64;

@@ -40,7 +40,6 @@ using xattn_detail::select_blocks;
 
 constexpr int kRowGroup = 256;  // folded query rows per product (4096 positions at stride 16)
 constexpr int kPad = 256;       // row and column counts of the products are multiples of this
-int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 
 // The scratch regions of one call.
