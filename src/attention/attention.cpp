@@ -3,10 +3,6 @@
 
 #include "model/ops.h"
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <iterator>
 #include <chrono>
@@ -64,18 +60,6 @@ void key_runs(const HeadKV& kv, int qb, int B, int last_pos, const Keep& keep, s
       runs.push_back({j, j + 1, k, v, stride});
     }
   }
-}
-
-// exp over n floats (glibc's vector expf, within 1 ulp: the same function the scalar expf is, 8 lanes at a time).
-#if defined(__AVX2__)
-extern "C" __m256 _ZGVdN8v_expf(__m256);
-#endif
-void exp_inplace(float* x, int n) {
-  int i = 0;
-#if defined(__AVX2__)
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _ZGVdN8v_expf(_mm256_loadu_ps(x + i)));
-#endif
-  for (; i < n; ++i) x[i] = std::exp(x[i]);
 }
 
 struct TileScratch {

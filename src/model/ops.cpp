@@ -3,6 +3,10 @@
 #include <cblas.h>
 #include <omp.h>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -61,6 +65,17 @@ void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, i
                     tb ? B + static_cast<size_t>(i0) * ldb : B + i0, ldb, beta, C + i0, ldc);
     }
   }
+}
+
+#if defined(__AVX2__)
+extern "C" __m256 _ZGVdN8v_expf(__m256);  // glibc's libmvec
+#endif
+void exp_inplace(float* x, int n) {
+  int i = 0;
+#if defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _ZGVdN8v_expf(_mm256_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) x[i] = std::exp(x[i]);
 }
 
 // RMSNorm over rows of length n, fp32 math as in HF: x * rsqrt(mean(x^2) + eps) * w.

@@ -15,6 +15,10 @@ namespace elastic {
 void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
            float beta, float* C, int ldc);
 
+// x[i] = exp(x[i]) over n floats: glibc's vector expf, 8 lanes at a time (within 1 ulp, the same function the scalar
+// expf is), so the softmax of the attention tiles (inference and training) costs a fraction of their products.
+void exp_inplace(float* x, int n);
+
 // The warning sgemm prints once when OpenBLAS picked kernels older than the CPU (OpenBLAS 0.3.21 does not recognise
 // some recent Xeons and falls back to its SSE3 "Prescott" kernels: prefill 2-3x slower), naming the remedy; empty
 // when its kernels fit the CPU. `core` is openblas_get_corename().
