@@ -172,3 +172,36 @@ TEST(AttentionGradTiles, FloatMatchesRowByRow) {
   uint64_t seed = 101;
   for (const Case& c : cases()) check_case<float>(c, seed++);
 }
+
+// A KV head whose backward is off (its branch weight 0 under hard routing) leaves every gradient row it would have
+// touched as it was; the others equal the reference given a zero dout for the skipped head's query heads.
+TEST(AttentionGradTiles, SkippedHeadsLeaveGradientsAlone) {
+  std::mt19937_64 rng(7);
+  const int T = 150, Hq = 6, Hkv = 3, hd = 8, group = Hq / Hkv;
+  SparseSettings sp;
+  sp.block = 16;
+  sp.sink = 16;
+  sp.local = 32;
+  sp.xattn.stride = 4;
+  const std::vector<HeadMode> modes = {HeadMode::Full, HeadMode::XAttn, HeadMode::Streaming};
+  const size_t nq = size_t(T) * Hq * hd, nk = size_t(T) * Hkv * hd;
+  auto q = randn(nq, rng), k = randn(nk, rng), v = randn(nk, rng), dout = randn(nq, rng);
+  const auto xm = xattn_masks<double>(q.data(), k.data(), T, Hq, Hkv, hd, modes.data(), sp);
+  for (int skipped = 0; skipped < Hkv; ++skipped) {
+    BlockKeep keep(modes.data(), Hkv, sp, &xm, group);
+    std::vector<double> out, lse, dq(nq, 0.0), dk(nk, 0.0), dv(nk, 0.0);
+    ref_fwd(q, k, v, T, Hq, Hkv, hd, keep, out, lse);
+    auto dout0 = dout;
+    for (int t = 0; t < T; ++t)
+      for (int h = skipped * group; h < (skipped + 1) * group; ++h)
+        std::fill_n(dout0.begin() + (size_t(t) * Hq + h) * hd, hd, 0.0);
+    ref_bwd(q, k, v, out, lse, dout0, T, Hq, Hkv, hd, keep, dq, dk, dv);
+    keep.backward[skipped] = 0;
+    std::vector<double> gq(nq, 0.0), gk(nk, 0.0), gv(nk, 0.0);
+    attn_bwd<double>(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), T, Hq, Hkv, hd, keep,
+                     gq.data(), gk.data(), gv.data());  // the full dout: the skipped heads' rows must not be read
+    expect_near_all(gq, dq, 1e-11, "dq");
+    expect_near_all(gk, dk, 1e-11, "dk");
+    expect_near_all(gv, dv, 1e-11, "dv");
+  }
+}

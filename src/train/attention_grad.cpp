@@ -158,6 +158,7 @@ void attn_bwd(const Real* q, const Real* k, const Real* v, const Real* out, cons
     for (int qb = nb - 1; qb >= 0; --qb)
       for (int h = 0; h < Hq; ++h) {
         const int kvh = h / keep.group, i0 = qb * B, nq = std::min(T, i0 + B) - i0;
+        if (!keep.backward[kvh]) continue;
         key_runs(keep, h, qb, B, i0 + nq - 1, runs);
         const int nk = run_total(runs);
         p.resize(static_cast<size_t>(nq) * nk);
@@ -190,6 +191,7 @@ void attn_bwd(const Real* q, const Real* k, const Real* v, const Real* out, cons
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int kb = 0; kb < nb; ++kb)  // the longest columns first
       for (int kvh = 0; kvh < Hkv; ++kvh) {
+        if (!keep.backward[kvh]) continue;
         const int j0 = kb * B, nk = std::min(T, j0 + B) - j0;
         const size_t ko = (static_cast<size_t>(j0) * Hkv + kvh) * hd;
         for (int h = kvh * keep.group; h < (kvh + 1) * keep.group; ++h) {

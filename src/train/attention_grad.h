@@ -17,10 +17,14 @@ struct BlockKeep {
   const SparseSettings* sparse = nullptr;
   const std::vector<BlockMask>* xmask = nullptr;  // [Hq] when any head is XAttn
   int group = 1;                                  // Hq / Hkv
+  // Per KV head: whether the backward computes it. A head whose branch weight is exactly 0 (hard routing) gets a
+  // zero dout, so skipping it changes nothing and saves that branch's backward for the head.
+  std::vector<char> backward;                     // [Hkv], all 1 unless the caller clears some
   BlockKeep(const HeadMode* modes, int n_kv_heads, const SparseSettings& s, const std::vector<BlockMask>* masks,
             int hq_per_kv)
       : sparse(&s), xmask(masks), group(hq_per_kv) {
     for (int h = 0; h < n_kv_heads; ++h) rule.push_back(sparse_pattern(modes[h]).keeps);
+    backward.assign(n_kv_heads, 1);
   }
   bool operator()(int h, int qb, int kb) const {
     return rule[h / group](qb, kb, *sparse, xmask && !xmask->empty() ? &(*xmask)[h] : nullptr);

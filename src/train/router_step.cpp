@@ -260,13 +260,16 @@ void RouterStep<Real>::backward(Real lm_weight, Real omega_weight, Real* dparams
     dqr.assign(nq, Real(0));
     dkr.assign(nk, Real(0));
     dv.assign(nk, Real(0));
-    const BlockKeep kf(full.data(), Hkv, I.spec.sparse, &A.xmask, group);
-    const BlockKeep ks(sparse.data(), Hkv, I.spec.sparse, &A.xmask, group);
-    // A branch whose every weight is zero (hard routing) contributes nothing: skip its backward.
+    BlockKeep kf(full.data(), Hkv, I.spec.sparse, &A.xmask, group);
+    BlockKeep ks(sparse.data(), Hkv, I.spec.sparse, &A.xmask, group);
+    // A branch whose weight is zero for a head (hard routing) contributes nothing there: skip that head's backward,
+    // and the branch's whole call when no head needs it.
     bool any_full = false, any_sparse = false;
-    for (Real zz : A.z) {
-      any_full |= zz != Real(0);
-      any_sparse |= zz != Real(1);
+    for (int h = 0; h < Hkv; ++h) {
+      kf.backward[h] = A.z[h] != Real(0);
+      ks.backward[h] = A.z[h] != Real(1);
+      any_full |= kf.backward[h];
+      any_sparse |= ks.backward[h];
     }
     if (any_full)
       attn_bwd(A.qr.data(), A.kr.data(), A.v.data(), A.of.data(), A.lf.data(), dof.data(), T, Hq, Hkv, hd, kf,
