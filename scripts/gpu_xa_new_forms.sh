@@ -9,15 +9,16 @@
 #  3. `bench_attention_gpu --block 128 --xa-density 0.19` at FWD_LENGTHS: the kernel table with the row-pair rows
 #     beside the head-pair ones (full, streaming, XAttention estimated and on random lists; 0.19 is SmolLM2's real-
 #     text density at block 128, 8K).
-#  4. Whole model at block 128, tau 0.15 (about the real-text density on random inputs): ELASTIC_ATTN_OPTS unset (the
-#     overlap kernel's defaults) then 19 (row pairs), full / fa-xa@0.7 / xa-ssa@0.7 at MODEL_LENGTHS.
+#  4. Whole model at block 128, tau 0.15 (about the real-text density on random inputs), full / fa-xa@0.7 / xa-ssa@0.7
+#     at MODEL_LENGTHS, for each of MODEL_VARIANTS (default "default 19 19+fused"): ELASTIC_ATTN_OPTS unset (the
+#     overlap kernel's defaults), 19 (row pairs), and 19 with the fused estimator (`bench --xa-estimator fused`).
 # With NCU=1 also the estimator kernels' durations at 32K. Binaries from .gpucarry (scripts/gpu_carry.sh); logs and
 # tables go to $OUT. Env: EST_LENGTHS (8192 32768 131072), FWD_LENGTHS (32768 131072), MODEL_LENGTHS (32k,127k),
-# FORCE_BENCH=1 (bench even if a test failed), NCU.
+# MODEL_VARIANTS, FORCE_BENCH=1 (bench even if a test failed), NCU.
 set -u
 . "$(dirname "$0")/gpu_env.sh"  # root, $O, $C, libraries
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$O/gpu.txt"
-GTEST_FILTER='CudaXAttnEstimate.*:CudaHybridAttention.RowPairs:*PrefillLogitsMatchCpuFullAndHybrid*' \
+GTEST_FILTER='CudaXAttnEstimate.*:CudaHybridAttention.RowPairs:*PrefillLogitsMatchCpuFullAndHybrid*:*FusedEstimator*' \
   timeout 300 $C/elastic_gpu_tests > "$O/xa_tests.log" 2>&1
 rc=$?
 echo "tests rc=$rc"; grep -E "^\[  (PASSED|FAILED) |^\[       OK|FAILED|differ|Failure" "$O/xa_tests.log" | head -n 30
@@ -30,11 +31,13 @@ timeout 240 $C/bench_attention_gpu --xa-estimate ${EST_LENGTHS:-8192 32768 13107
 echo "estimate bench rc=$?"; grep -E "^\| " "$O/bench_xa_estimate.md" | grep -Ei "full|estimate|differ" | head -n 20
 timeout 300 $C/bench_attention_gpu --block 128 --xa-density 0.19 ${FWD_LENGTHS:-32768 131072} > "$O/bench_block128.md" 2>&1
 echo "block-128 bench rc=$?"; grep -E "^\| " "$O/bench_block128.md" | grep -Ei "overlap|xattn" | head -n 30
-for opts in default 19; do
-  if [ $opts = default ]; then unset ELASTIC_ATTN_OPTS; else export ELASTIC_ATTN_OPTS=$opts; fi
+for variant in ${MODEL_VARIANTS:-default 19 19+fused}; do
+  opts=${variant%+fused}; est=()
+  [ "$opts" = "$variant" ] || est=(--xa-estimator fused)
+  if [ "$opts" = default ]; then unset ELASTIC_ATTN_OPTS; else export ELASTIC_ATTN_OPTS=$opts; fi
   timeout 240 $C/elastic bench --device cuda --shape qwen3-4b -c "${MODEL_LENGTHS:-32k,127k}" --block 128 \
-    --modes full,fa-xa@0.7,xa-ssa@0.7 --xattn-tau 0.15 -r 1 > "$O/model_block128_opts_$opts.md" 2>&1
-  echo "== model, opts $opts (rc=$?)"; grep -E "^\| .*(full|xa)" "$O/model_block128_opts_$opts.md" | head -n 8
+    --modes full,fa-xa@0.7,xa-ssa@0.7 --xattn-tau 0.15 -r 1 "${est[@]}" > "$O/model_block128_$variant.md" 2>&1
+  echo "== model, $variant (rc=$?)"; grep -E "^\| .*(full|xa)" "$O/model_block128_$variant.md" | head -n 8
 done
 unset ELASTIC_ATTN_OPTS
 if [ -n "${NCU:-}" ] && command -v ncu > /dev/null; then

@@ -123,10 +123,12 @@ expect_fail "nul.c: code corpus file is binary (holds NUL bytes)" $BIN eval -m $
 expect_fail "eval: --tasks names 'niah_single_1' twice" $BIN eval -m $FX/qwen3_tiny --tasks niah_single_1,niah_single_1
 expect_fail "probe: the scores (-o) and the heat map" $BIN probe -m $FX/qwen3_tiny -o $TMP/p.svg
 expect_fail "train-router: -o and --log are both" $BIN train-router -m $FX/qwen3_tiny -o $TMP/same.out --log $TMP/same.out
-expect_fail "--batch, --kv-pool-gib, --batch-invariant, --small-m-rows and --pdl/--no-pdl need --device cuda" $BIN bench --batch 8
-expect_fail "--pdl/--no-pdl need --device cuda" $BIN bench --small-m-rows 4
-expect_fail "--pdl/--no-pdl need --device cuda" $BIN bench --pdl
-expect_fail "--pdl/--no-pdl need --device cuda" $BIN bench --no-pdl
+expect_fail "--batch, --kv-pool-gib, --batch-invariant, --small-m-rows, --pdl/--no-pdl and --xa-estimator need --device cuda" $BIN bench --batch 8
+expect_fail "--xa-estimator need --device cuda" $BIN bench --small-m-rows 4
+expect_fail "--xa-estimator need --device cuda" $BIN bench --pdl
+expect_fail "--xa-estimator need --device cuda" $BIN bench --no-pdl
+expect_fail "--xa-estimator need --device cuda" $BIN bench --xa-estimator fused
+expect_fail "--xa-estimator: fast not in" $BIN bench --device cuda --xa-estimator fast
 expect_fail "--pdl excludes --no-pdl" $BIN bench --device cuda --pdl --no-pdl
 expect_fail "--fuse-norms" $BIN bench --fuse-norms
 expect_fail "--small-m-rows and --batch-invariant exclude each other" $BIN bench --device cuda --small-m-rows 4 --batch-invariant

@@ -183,7 +183,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     bool batch_invariant = false;
     int pdl = -1;  // unset: GpuOptions' default (on); --pdl 1, --no-pdl 0
     int small_m_rows = -1;  // unset: GpuOptions' default
-    std::string device = "cpu", attn_kernel, plot, text, density;
+    std::string device = "cpu", attn_kernel, xa_estimator, plot, text, density;
     uint64_t seed = 0;
     SparseSettings sparse;
   };
@@ -242,6 +242,10 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
                   "GPU: prefill attention kernel (default auto; the measurement variants run in bench_attention_gpu, "
                   "docs/CUDA_ATTENTION.md)")
       ->check(CLI::IsMember({"auto", "simple", "overlap"}));
+  sub->add_option("--xa-estimator", o->xa_estimator,
+                  "GPU: XAttention estimator, cublaslt (the default) or fused (the wgmma candidate, "
+                  "GpuOptions::xattn_estimate)")
+      ->check(CLI::IsMember({"cublaslt", "fused"}));
   cmds.push_back({sub, [o, shape_opt] {
     // A model file has its own shape: these flags would be ignored without a word.
     if (!o->model.empty() && (shape_opt->count() || o->layers || o->vocab))
@@ -260,9 +264,10 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
     if (o->batch_invariant && o->small_m_rows > 0)
       throw std::runtime_error("bench: --small-m-rows and --batch-invariant exclude each other (batch invariance runs "
                                "one cuBLASLt algorithm for every batch size)");
-    if (!gpu && (o->batch != 1 || o->kv_pool_gib > 0 || o->batch_invariant || o->small_m_rows >= 0 || o->pdl >= 0))
-      throw std::runtime_error("bench: --batch, --kv-pool-gib, --batch-invariant, --small-m-rows and --pdl/--no-pdl "
-                               "need --device cuda (the CPU bench times prefill only)");
+    if (!gpu && (o->batch != 1 || o->kv_pool_gib > 0 || o->batch_invariant || o->small_m_rows >= 0 || o->pdl >= 0 ||
+                 !o->xa_estimator.empty()))
+      throw std::runtime_error("bench: --batch, --kv-pool-gib, --batch-invariant, --small-m-rows, --pdl/--no-pdl and "
+                               "--xa-estimator need --device cuda (the CPU bench times prefill only)");
     if (!o->attn_kernel.empty()) {
       if (!gpu) throw std::runtime_error("bench: --attn-kernel needs --device cuda");
       std::fprintf(stderr, "bench: attention kernel %s\n", o->attn_kernel.c_str());
@@ -327,6 +332,7 @@ void add_bench_command(CLI::App& app, Commands& cmds) {
       go.batch_invariant = o->batch_invariant;
       if (o->small_m_rows >= 0) go.small_m_rows = o->small_m_rows;
       if (o->pdl >= 0) go.programmatic_launch = o->pdl == 1;
+      if (o->xa_estimator == "fused") go.xattn_estimate = cuda::XAttnEstimateKernel::Fused;
       go.kv_pool_bytes = static_cast<size_t>(o->kv_pool_gib * double(size_t(1) << 30));
       go.attention = cuda::attention_config_from_env();  // ELASTIC_ATTN_OPTS still applies; --attn-kernel names the kernel
       if (!o->attn_kernel.empty())  // the flag wins over ELASTIC_ATTN_KERNEL

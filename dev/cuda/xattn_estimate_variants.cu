@@ -449,8 +449,8 @@ void launch(const XAttnEstimateParams& p, cudaStream_t stream) {
 
 void xattn_estimate_variant(const XAttnEstimateParams& p, cudaStream_t stream) {
   check_xattn_estimate(p, "xattn_estimate_variant");
-  if (p.kernel == XAttnEstimateKernel::Gemm) bad("the Gemm form is the engine's: xattn_estimate_cuda runs it");
-  if (p.kernel == XAttnEstimateKernel::Fused) return xattn_estimate_fused(p, stream);
+  if (p.kernel == XAttnEstimateKernel::Gemm || p.kernel == XAttnEstimateKernel::Fused)
+    bad("the Gemm and Fused forms are the engine's: xattn_estimate_cuda runs them");
   if (p.head_dim == 64)
     launch<64>(p, stream);
   else if (p.head_dim == 128)

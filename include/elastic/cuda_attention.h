@@ -115,6 +115,9 @@ KVHeadMeta make_kv_head_meta(HeadMode mode, int sink, int local, int block);
 // scored by cuBLASLt as one strided-batched product per 256 folded query rows (fp32 out; only the key rows those rows
 // can see), then one kernel per row group does the softmax, the block masses and the selection; about 1/S of QK^T's
 // work at the tensor-core rate (xattn_estimate_gemm.cu). It needs `gemm` and a `scratch` of xattn_gemm_scratch_bytes.
+// Fused is the candidate to replace it, chosen by GpuOptions::xattn_estimate (not yet run on a GPU): the scores on
+// wgmma straight from q and k, per-(row, key block) log-sum-exps instead of scores, a sort-free selection
+// (xattn_estimate_fused.cu); a `scratch` of xattn_fused_scratch_bytes, no gemm; head_dim 64/128, stride 8/16.
 // Simple (fp32), TensorCore (mma.sync, one or two passes) and TensorCoreTwoPass are the earlier forms, kept as
 // measurement variants in the dev area (dev/cuda/xattn_estimate_variants.h); xattn_estimate_cuda refuses them.
 enum class XAttnEstimateKernel { Auto, TensorCore, Simple, TensorCoreTwoPass, Gemm, Fused };
@@ -144,6 +147,12 @@ void xattn_estimate_cuda(const XAttnEstimateParams& p, cudaStream_t stream);
 // Scratch the Gemm form needs for a chunk of T queries ending at n_pos positions (the longest chunk and context a
 // caller runs bound every call), with n_kv_heads KV heads scored (at most all), for this GQA shape and stride.
 size_t xattn_gemm_scratch_bytes(int T, int n_pos, int n_kv_heads, int n_heads_per_kv, int head_dim, int stride);
+// The same for the Fused form, which also depends on the block (one log-sum-exp per folded row and key block).
+size_t xattn_fused_scratch_bytes(int T, int n_pos, int n_kv_heads, int n_heads_per_kv, int head_dim, int stride,
+                                 int block);
+// The scratch of the engine form `form` (Auto and Gemm: the Gemm form's; Fused); 0 for the dev-area forms.
+size_t xattn_estimate_scratch_bytes(XAttnEstimateKernel form, int T, int n_pos, int n_kv_heads, int n_heads_per_kv,
+                                    int head_dim, int stride, int block);
 inline int64_t xattn_list_capacity(int n_heads, int nb) { return int64_t(n_heads) * nb * (nb + 1) / 2; }
 // Adds to *total (device) the key blocks kept for query blocks [qb_begin, qb_end) by every query head whose KV head
 // `meta` routes to XAttention, from the counts an estimator wrote: the measured XAttention density, summed over the

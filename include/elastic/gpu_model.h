@@ -56,6 +56,9 @@ struct GpuOptions {
   // Same kernels, same arithmetic, same bits; off: plain stream order. On: measured 6% more decode tokens/s at 8K and
   // 2-3% at 127K (H100, docs/PERFORMANCE.md). Printed with the plan.
   bool programmatic_launch = true;
+  // XAttention estimator (cuda_attention.h): Gemm (cuBLASLt scores, the default) or Fused (wgmma, the candidate, not
+  // yet run on a GPU; head_dim 64 or 128). Prefill and GPU router training use the same one. Printed with the plan.
+  XAttnEstimateKernel xattn_estimate = XAttnEstimateKernel::Gemm;
   int chunk = 16384;    // prefill chunk; a multiple of the sparse block size when XAttention heads run
   bool graphs = true;   // decode through a CUDA graph
   int device = 0;

@@ -260,7 +260,8 @@ bool GpuModel::Impl::prefill_advance() {  // GpuModel::prefill_step checked that
       run.lists.offsets = xa_offsets.as<int32_t>();
       run.lists.counts = xa_counts.as<int32_t>();
       // The estimator's scratch for its longest call (the last chunk of a max_ctx prompt), every KV head scored.
-      const size_t scratch = xattn_gemm_scratch_bytes(chunk, o.max_ctx, Hkv, Hq / Hkv, hd, sp.xattn.stride);
+      const size_t scratch =
+          xattn_estimate_scratch_bytes(o.xattn_estimate, chunk, o.max_ctx, Hkv, Hq / Hkv, hd, sp.xattn.stride, sp.block);
       if (xa_scratch.bytes < scratch) xa_scratch.alloc(scratch);
     }
   }
@@ -292,6 +293,7 @@ bool GpuModel::Impl::prefill_advance() {  // GpuModel::prefill_step checked that
     ep.blocks = xa_blocks.as<int32_t>();
     ep.offsets = xa_offsets.as<int32_t>();
     ep.counts = xa_counts.as<int32_t>();
+    ep.kernel = o.xattn_estimate;
     ep.gemm = gemm.get();
     ep.scratch = xa_scratch.ptr;
     ep.scratch_bytes = xa_scratch.bytes;

@@ -36,7 +36,7 @@ struct GpuModel::Impl : GpuWeights {  // c, layers, embed, lm_head, final_norm, 
   DeviceBuffer meta;       // [L, Hkv] KVHeadMeta
   DeviceBuffer xa_blocks, xa_offsets, xa_counts;  // XAttention lists, allocated on first use
   int xa_block = 0;        // block size the lists were sized for
-  DeviceBuffer xa_scratch; // the estimator's cuBLASLt scratch (xattn_gemm_scratch_bytes), allocated on first use
+  DeviceBuffer xa_scratch; // the estimator's scratch (xattn_estimate_scratch_bytes), allocated on first use
   DeviceBuffer xa_kept;    // [1] uint64: this prefill's kept XAttention blocks (GpuPrefillStats::xattn_kept_blocks)
   static constexpr int kLogitRows = 256;
   DeviceBuffer logits;     // [kLogitRows, V] fp32

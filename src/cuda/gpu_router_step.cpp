@@ -311,9 +311,9 @@ class GpuRouterTrainer {
       xa_counts_.alloc(size_t(c.n_heads) * nb * 4);
       xa_block_ = s.block;
     }
-    if (has_xattn()) {  // the estimator's cuBLASLt scratch (one call per sequence: T = max_T_ at most, every KV head)
-      const size_t scratch =
-          xattn_gemm_scratch_bytes(max_T_, max_T_, c.n_kv_heads, c.n_heads / c.n_kv_heads, c.head_dim, s.xattn.stride);
+    if (has_xattn()) {  // the model's estimator's scratch (one call per sequence: T = max_T_ at most, every KV head)
+      const size_t scratch = xattn_estimate_scratch_bytes(x_.xattn_estimate, max_T_, max_T_, c.n_kv_heads,
+                                                          c.n_heads / c.n_kv_heads, c.head_dim, s.xattn.stride, s.block);
       if (xa_scratch_.bytes < scratch) xa_scratch_.alloc(scratch);
     }
     sparse_set_ = s;
@@ -433,7 +433,8 @@ class GpuRouterTrainer {
       ep.blocks = xa_blocks_.as<int32_t>();
       ep.offsets = xa_offsets_.as<int32_t>();
       ep.counts = xa_counts_.as<int32_t>();
-      ep.gemm = x_.gemm, ep.scratch = xa_scratch_.ptr, ep.scratch_bytes = xa_scratch_.bytes;  // the model's estimator
+      ep.kernel = x_.xattn_estimate;  // the model's estimator
+      ep.gemm = x_.gemm, ep.scratch = xa_scratch_.ptr, ep.scratch_bytes = xa_scratch_.bytes;
       xattn_estimate_cuda(ep, st);
     }
     if (decide && gate_.hard) {

@@ -118,6 +118,13 @@ void GpuModel::Impl::init_common() {
   plan.kv_pool = size_t(n_pages) * page_bytes() * 2;  // the K and V pools
   target_units = paged_target_units();
   if (!o.attention) o.attention = attention_config_from_env();  // read once: no launch reads the environment
+  const bool fused_estimate = o.xattn_estimate == XAttnEstimateKernel::Fused;
+  if (!fused_estimate && o.xattn_estimate != XAttnEstimateKernel::Gemm)
+    throw std::invalid_argument("gpu: the XAttention estimator must be the Gemm (cuBLASLt) or the Fused form; the "
+                                "others are dev-area measurement variants");
+  if (fused_estimate && hd != 64 && hd != 128)
+    throw std::invalid_argument("gpu: the fused XAttention estimator takes head_dim 64 or 128, this model has " +
+                                std::to_string(hd) + " (use the cuBLASLt estimator)");
   // Programmatic launches captured into graphs need a driver of CUDA 12.3 or later (programmatic graph edges); an
   // older driver decodes with plain launches, and the plan says so.
   int driver = 0;
@@ -136,7 +143,8 @@ void GpuModel::Impl::init_common() {
                  (o.programmatic_launch ? "; decode launches programmatic (PDL)"
                   : pdl_too_old ? "; decode launches plain (driver " + std::to_string(driver / 1000) + "." +
                                       std::to_string(driver % 1000 / 10) + " predates programmatic launch in graphs)"
-                                : std::string("; decode launches plain"));
+                                : std::string("; decode launches plain")) +
+                 (fused_estimate ? "; XAttention estimate fused wgmma (candidate)" : "; XAttention estimate cuBLASLt");
   const int mu = max_units(S);  // max_units grows with the batch: S's covers every batch size
   const size_t dec_ws = size_t(paged_decode_workspace_floats(mu, Hq / Hkv, hd)) * 4;
   const size_t step_heads = size_t(c.n_layers) * S * Hkv;
@@ -149,9 +157,10 @@ void GpuModel::Impl::init_common() {
   const size_t decode_act = bf16s(size_t(S) * (D * 2 + N + 2 * Hq * hd + 2 * Hkv * hd + 3 * F));
   plan.activations = ctx * 4 + bf16s(ctx * D) + chunk_act + size_t(kLogitRows) * V * 4 + decode_act;
   const int nb64 = (o.max_ctx + 63) / 64;
-  // Lists at block 64, and the estimator's scratch at the default stride 16 (gpu_model.cpp sizes it for the stride run).
+  // Lists at block 64, and the estimator's scratch at the default stride 16 and block 64 (gpu_model.cpp sizes it for
+  // the stride and block run).
   plan.xattn = (size_t(xattn_list_capacity(Hq, nb64)) + 2 * size_t(Hq) * nb64) * 4 +
-               xattn_gemm_scratch_bytes(chunk, o.max_ctx, Hkv, Hq / Hkv, hd, 16);
+               xattn_estimate_scratch_bytes(o.xattn_estimate, chunk, o.max_ctx, Hkv, Hq / Hkv, hd, 16, 64);
   plan.workspace = gemm->workspace_bytes() + dec_ws + tables;
   size_t free_b = 0, total_b = 0;
   ELASTIC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -220,7 +229,9 @@ size_t GpuWeights::bytes() const {
 }
 
 const GpuWeights& GpuModel::weights() const { return *impl_; }
-GpuExec GpuModel::exec() const { return GpuExec{impl_->stream, impl_->gemm.get(), *impl_->o.attention}; }
+GpuExec GpuModel::exec() const {
+  return GpuExec{impl_->stream, impl_->gemm.get(), *impl_->o.attention, impl_->o.xattn_estimate};
+}
 
 int GpuModel::slots() const { return static_cast<int>(impl_->slots.size()); }
 int GpuModel::length(int slot) const { return impl_->slot_at(slot).length; }

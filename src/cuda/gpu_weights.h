@@ -39,6 +39,7 @@ struct GpuExec {
   cudaStream_t stream = nullptr;
   Gemm* gemm = nullptr;
   AttnKernelConfig attention;  // the prefill attention kernel the model was built with
+  XAttnEstimateKernel xattn_estimate = XAttnEstimateKernel::Gemm;  // GpuOptions::xattn_estimate
 };
 
 }  // namespace elastic::cuda

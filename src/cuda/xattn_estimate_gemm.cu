@@ -29,6 +29,7 @@
 #include "elastic/cuda_attention.h"
 #include "elastic/cuda_gemm.h"
 #include "xattn_estimate_check.h"
+#include "xattn_estimate_fused.h"
 #include "xattn_select_blocks.cuh"
 
 namespace elastic::cuda {
@@ -204,8 +205,22 @@ size_t xattn_gemm_scratch_bytes(int T, int n_pos, int n_kv_heads, int n_heads_pe
 }
 
 
+size_t xattn_estimate_scratch_bytes(XAttnEstimateKernel form, int T, int n_pos, int n_kv_heads, int n_heads_per_kv,
+                                    int head_dim, int stride, int block) {
+  switch (form) {
+    case XAttnEstimateKernel::Auto:
+    case XAttnEstimateKernel::Gemm:
+      return xattn_gemm_scratch_bytes(T, n_pos, n_kv_heads, n_heads_per_kv, head_dim, stride);
+    case XAttnEstimateKernel::Fused:
+      return xattn_fused_scratch_bytes(T, n_pos, n_kv_heads, n_heads_per_kv, head_dim, stride, block);
+    default:
+      return 0;
+  }
+}
+
 void xattn_estimate_cuda(const XAttnEstimateParams& p, cudaStream_t stream) {
   check_xattn_estimate(p, "xattn_estimate_cuda");
+  if (p.kernel == XAttnEstimateKernel::Fused) return xattn_estimate_fused(p, stream);
   if (p.kernel != XAttnEstimateKernel::Auto && p.kernel != XAttnEstimateKernel::Gemm)
     throw std::invalid_argument("xattn_estimate_cuda: the mma.sync and fp32 forms are measurement variants that "
                                 "dev/cuda's xattn_estimate_variant runs");

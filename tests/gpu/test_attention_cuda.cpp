@@ -483,14 +483,13 @@ void estimate_and_compare(cuda::XAttnEstimateKernel kernel, int Hq, int Hkv, int
   const bool gemm_form = kernel == cuda::XAttnEstimateKernel::Gemm;
   if (gemm_form || kernel == cuda::XAttnEstimateKernel::Fused) {
     const int scored = all_scored ? Hkv : 1;
-    e.scratch_bytes = gemm_form ? cuda::xattn_gemm_scratch_bytes(T, n_pos, scored, G, hd, S)
-                                : cuda::xattn_fused_scratch_bytes(T, n_pos, scored, G, hd, S, B);
+    e.scratch_bytes = cuda::xattn_estimate_scratch_bytes(kernel, T, n_pos, scored, G, hd, S, B);
     scratch = std::make_unique<Dev<uint8_t>>(e.scratch_bytes);
     e.gemm = &gemm, e.scratch = scratch->p;
     if (!all_scored) e.xa_kv_heads = xa_heads, e.n_xa_kv_heads = 1;
   }
-  if (gemm_form) cuda::xattn_estimate_cuda(e, nullptr);  // the engine's
-  else cuda::xattn_estimate_variant(e, nullptr);         // the dev area's
+  if (gemm_form || kernel == cuda::XAttnEstimateKernel::Fused) cuda::xattn_estimate_cuda(e, nullptr);  // the engine's
+  else cuda::xattn_estimate_variant(e, nullptr);                                                        // the dev area's
   ELASTIC_CUDA_CHECK(cudaDeviceSynchronize());
   const auto blocks = dblocks.down(), off = doff.down(), cnt = dcnt.down();
   const auto bs = dbs.down();
@@ -622,8 +621,8 @@ TEST(CudaXAttnEstimate, TensorCoreRejectsTooManyRowsPerKvHead) {
   EXPECT_THROW(cuda::xattn_estimate_variant(e, nullptr), std::invalid_argument);
 }
 
-// The engine runs its own form only: a variant named to xattn_estimate_cuda is refused by name, and the Gemm form
-// named to the dev area's entry point too (no GPU needed: both refuse before launching).
+// The engine runs its own forms only: a variant named to xattn_estimate_cuda is refused by name, and the Gemm and
+// Fused forms named to the dev area's entry point too (no GPU needed: both refuse before launching).
 TEST(CudaXAttnEstimate, EngineAndDevAreaRefuseEachOthersForms) {
   HostOnlyEstimate h;
   cuda::XAttnEstimateParams& e = h.e;
@@ -640,6 +639,33 @@ TEST(CudaXAttnEstimate, EngineAndDevAreaRefuseEachOthersForms) {
   }
   e.kernel = cuda::XAttnEstimateKernel::Gemm;
   EXPECT_THROW(cuda::xattn_estimate_variant(e, nullptr), std::invalid_argument);
+  e.kernel = cuda::XAttnEstimateKernel::Fused;
+  EXPECT_THROW(cuda::xattn_estimate_variant(e, nullptr), std::invalid_argument);
+}
+
+// The Fused form's own limits, refused by name before anything runs (no GPU needed): head_dim, stride, block / stride
+// and a missing scratch.
+TEST(CudaXAttnEstimate, FusedFormRejectsBadArguments) {
+  HostOnlyEstimate h;
+  cuda::XAttnEstimateParams& e = h.e;
+  e.T = 256, e.n_heads = 8, e.n_kv_heads = 2, e.head_dim = 64, e.block = 64;
+  e.kernel = cuda::XAttnEstimateKernel::Fused;
+  auto expect_refusal = [&](const char* what, const char* says) {
+    try {
+      cuda::xattn_estimate_cuda(e, nullptr);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const std::invalid_argument& ex) {
+      const std::string m = ex.what();
+      EXPECT_NE(m.find("Fused"), std::string::npos) << m;
+      EXPECT_NE(m.find(says), std::string::npos) << what << ": " << m;
+    }
+  };
+  e.head_dim = 96;
+  expect_refusal("head_dim 96", "head_dim");
+  e.head_dim = 64, e.stride = 4;
+  expect_refusal("stride 4", "stride");
+  e.stride = 8, e.block = 128;  // 16 folded rows per block: allowed; the missing scratch is what is refused
+  expect_refusal("no scratch", "scratch");
 }
 
 // The cuBLASLt form's arguments, refused before anything runs (no GPU needed): no Gemm or scratch, a KV head listed

@@ -155,6 +155,35 @@ TEST_P(GpuModelTest, PrefillLogitsMatchCpuFullAndHybrid) {
   }
 }
 
+// The model with the fused XAttention estimator (GpuOptions::xattn_estimate): logits against the CPU as with the
+// default estimator, and the kept-block count within 1% of the cuBLASLt estimator's on the same prompt (the two sum in
+// different orders, so a block at the tau boundary may fall either way). 700 positions in chunks of 256: the last
+// chunk (188) ends mid folded row, which the fused form's partial-row kernel scores.
+TEST_P(GpuModelTest, FusedEstimatorPrefillMatchesCpuAndCublasLt) {
+  SKIP_WITHOUT_GPU();
+  TRACED_SEED(seed);
+  Model m = make_model(GetParam(), seed);
+  std::mt19937_64 rng(seed);
+  cuda::GpuOptions fo = options(1024, 256);
+  fo.xattn_estimate = cuda::XAttnEstimateKernel::Fused;
+  auto fused = cuda::GpuModel::upload(m, fo);
+  auto gemm = cuda::GpuModel::upload(m, options(1024, 256));
+  EXPECT_NE(fused->plan().kernels.find("XAttention estimate fused"), std::string::npos) << fused->plan().kernels;
+  EXPECT_NE(gemm->plan().kernels.find("XAttention estimate cuBLASLt"), std::string::npos) << gemm->plan().kernels;
+  const auto ids = random_ids(700, m.config.vocab, rng);
+  const RoutingTable r = mixed(m.config, true);
+  KVCache cache;
+  const auto ref = cpu_prefill(m, ids, r, 256, cache, 1024);
+  std::vector<float> got_f, got_g;
+  cuda::GpuPrefillStats sf, sg;
+  fused->prefill(ids.data(), int(ids.size()), &r, nullptr, &got_f, true, &sf);
+  gemm->prefill(ids.data(), int(ids.size()), &r, nullptr, &got_g, true, &sg);
+  EXPECT_LT(rel_err(got_f, ref), kTol);
+  EXPECT_LT(rel_err(got_g, ref), kTol);
+  ASSERT_GT(sg.xattn_kept_blocks, 0);
+  EXPECT_NEAR(double(sf.xattn_kept_blocks), double(sg.xattn_kept_blocks), 0.01 * double(sg.xattn_kept_blocks));
+}
+
 TEST_P(GpuModelTest, DecodeStepsMatchCpuWithAndWithoutGraphs) {
   SKIP_WITHOUT_GPU();
   TRACED_SEED(seed);

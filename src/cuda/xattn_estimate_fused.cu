@@ -1,6 +1,7 @@
-// Dev area: the XAttention estimator with the scores kept on chip (XAttnEstimateKernel::Fused), the candidate to
-// replace the engine's cuBLASLt form (src/cuda/xattn_estimate_gemm.cu) once a GPU run shows it faster with the same
-// selections. Written 2026-12-07 without device time: compiled, not yet run.
+// The XAttention estimator with the scores kept on chip (XAttnEstimateKernel::Fused; GpuOptions::xattn_estimate picks
+// it, `bench --xa-estimator fused`), the candidate to replace the engine's default cuBLASLt form
+// (xattn_estimate_gemm.cu) once a GPU run shows it faster with the same selections. Written 2026-12-07 without device
+// time, moved out of the dev area 2026-12-08 so the whole model can be timed with it: compiled, not yet run on a GPU.
 //
 // Why: the cuBLASLt form spends about 60% of its time outside the product (ncu at 32K, docs/PERFORMANCE.md): packing
 // the folded Q and K into scratch (a copy of Q), writing every fp32 score, reading it twice (row statistics, block
@@ -36,7 +37,7 @@
 #include "cuda/xattn_threshold.h"
 #include "elastic/cuda.h"
 #include "elastic/cuda_attention.h"
-#include "xattn_estimate_variants.h"
+#include "cuda/xattn_estimate_fused.h"
 
 namespace elastic::cuda {
 namespace {
@@ -311,10 +312,10 @@ CUtensorMap folded_map(const void* ptr, int hd, int heads, int S, int rows, int 
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(heads) * hd * 2;
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(hd) * 2, row_bytes, row_bytes * S};
   const cuuint32_t box[4] = {64, 1, 1, static_cast<cuuint32_t>(box_rows)};
-  return encode_bf16_tensor_map(ptr, 4, dims, strides, box, "xattn_estimate_variant (Fused)");
+  return encode_bf16_tensor_map(ptr, 4, dims, strides, box, "xattn_estimate_cuda (Fused)");
 }
 
-void bad(const std::string& what) { throw std::invalid_argument("xattn_estimate_variant (Fused): " + what); }
+void bad(const std::string& what) { throw std::invalid_argument("xattn_estimate_cuda (Fused): " + what); }
 
 template <int RB>
 void launch_scores(const CUtensorMap& mq, const CUtensorMap& mk, float* lse, int64_t head_stride, const Shape& s,
@@ -346,14 +347,15 @@ size_t xattn_fused_scratch_bytes(int T, int n_pos, int n_kv_heads, int n_heads_p
 }
 
 void xattn_estimate_fused(const XAttnEstimateParams& p, cudaStream_t stream) {
-  check_xattn_estimate(p, "xattn_estimate_fused");  // pos0 % block == 0 (the tile coordinates rely on it), tau, ...
+  // xattn_estimate_cuda checked the common parameters (check_xattn_estimate): pos0 % block == 0, which the tile
+  // coordinates rely on, tau, the pointers.
   const int G = p.n_heads / p.n_kv_heads, S = p.stride, B = p.block, hd = p.head_dim;
   if (hd != 64 && hd != 128) bad("head_dim must be 64 or 128 (got " + std::to_string(hd) + ")");
   if (S != 8 && S != 16) bad("stride must be 8 or 16 (got " + std::to_string(S) + ")");
   const int rb = B / S;
   if (rb != 4 && rb != 8 && rb != 16) bad("block / stride must be 4, 8 or 16 (got " + std::to_string(rb) + ")");
   int X = 0;
-  const HeadList heads = head_list(p, X, "xattn_estimate_variant (Fused)");
+  const HeadList heads = head_list(p, X, "xattn_estimate_cuda (Fused)");
   const Shape s = shape_of(p.T, p.pos0, G, hd, S, B);
   if (s.nb > xattn_threshold::kMaxBlocks) bad("at most 65,535 key blocks (the order keys hold a 16-bit index)");
   if (!p.scratch) bad("needs scratch (xattn_fused_scratch_bytes)");
