@@ -36,8 +36,8 @@ for variant in ${MODEL_VARIANTS:-default 19 19+fused}; do
   [ "$opts" = "$variant" ] || est=(--xa-estimator fused)
   if [ "$opts" = default ]; then unset ELASTIC_ATTN_OPTS; else export ELASTIC_ATTN_OPTS=$opts; fi
   timeout 240 $C/elastic bench --device cuda --shape qwen3-4b -c "${MODEL_LENGTHS:-32k,127k}" --block 128 \
-    --modes full,fa-xa@0.7,xa-ssa@0.7 --xattn-tau 0.15 -r 1 "${est[@]}" > "$O/model_block128_$variant.md" 2>&1
-  echo "== model, $variant (rc=$?)"; grep -E "^\| .*(full|xa)" "$O/model_block128_$variant.md" | head -n 8
+    --modes full,fa-xa@0.7,xa-ssa@0.7 --xattn-tau 0.15 -r 1 ${est[@]+"${est[@]}"} > "$O/model_block128_${variant//+/_}.md" 2>&1
+  echo "== model, $variant (rc=$?)"; grep -E "^\| .*(full|xa)" "$O/model_block128_${variant//+/_}.md" | head -n 8
 done
 unset ELASTIC_ATTN_OPTS
 if [ -n "${NCU:-}" ] && command -v ncu > /dev/null; then

@@ -297,7 +297,8 @@ class GpuRouterTrainer {
     const SparseSettings& s = spec_.sparse;
     validate_sparse(s, "gpu train");
     if (sparse_ready_ && s.block == sparse_set_.block && s.sink == sparse_set_.sink && s.local == sparse_set_.local &&
-        spec_.sparse_mode == sparse_mode_ && spec_.dense_mode == dense_mode_)
+        s.xattn.stride == sparse_set_.xattn.stride && spec_.sparse_mode == sparse_mode_ &&
+        spec_.dense_mode == dense_mode_)  // the stride sizes the estimator's scratch
       return;
     // meta_full_ holds the dense class's mode: full attention, or XAttention for XA-SSA.
     std::vector<KVHeadMeta> full(c.n_kv_heads, make_kv_head_meta(spec_.dense_mode, s.sink, s.local, s.block));

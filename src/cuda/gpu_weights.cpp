@@ -118,13 +118,11 @@ void GpuModel::Impl::init_common() {
   plan.kv_pool = size_t(n_pages) * page_bytes() * 2;  // the K and V pools
   target_units = paged_target_units();
   if (!o.attention) o.attention = attention_config_from_env();  // read once: no launch reads the environment
+  if (o.xattn_estimate == XAttnEstimateKernel::Auto) o.xattn_estimate = XAttnEstimateKernel::Gemm;  // as the kernel
   const bool fused_estimate = o.xattn_estimate == XAttnEstimateKernel::Fused;
   if (!fused_estimate && o.xattn_estimate != XAttnEstimateKernel::Gemm)
     throw std::invalid_argument("gpu: the XAttention estimator must be the Gemm (cuBLASLt) or the Fused form; the "
                                 "others are dev-area measurement variants");
-  if (fused_estimate && hd != 64 && hd != 128)
-    throw std::invalid_argument("gpu: the fused XAttention estimator takes head_dim 64 or 128, this model has " +
-                                std::to_string(hd) + " (use the cuBLASLt estimator)");
   // Programmatic launches captured into graphs need a driver of CUDA 12.3 or later (programmatic graph edges); an
   // older driver decodes with plain launches, and the plan says so.
   int driver = 0;

@@ -1,6 +1,6 @@
 #pragma once
 // Hopper (sm_90a) building blocks shared by the wgmma kernels (the prefill attention kernel in
-// attention_fwd_kernels.cuh and the dev area's fused XAttention estimator): the m64n128k16 product with both operands
+// attention_fwd_kernels.cuh and the fused XAttention estimator, xattn_estimate_fused.cu): the m64n128k16 product with both operands
 // in shared memory, shared-memory matrix descriptors for the 128-byte swizzle that TMA writes, wgmma fences and
 // groups, mbarriers, TMA tile copies, and the host-side tensor-map encoding (the driver entry point, fetched once).
 #include <cuda.h>

@@ -1,7 +1,7 @@
 #pragma once
 // The argument checks every XAttention estimator form shares (the engine's xattn_estimate_cuda and the dev area's
-// variants), with the caller's name in the message; and the scored-head list the product forms (the engine's cuBLASLt
-// form, the dev area's fused wgmma form) launch over.
+// variants), with the caller's name in the message; and the scored-head list the engine's product forms (cuBLASLt,
+// fused wgmma) launch over.
 #include <cstdint>
 #include <stdexcept>
 #include <string>

@@ -1,6 +1,6 @@
 #pragma once
 // XAttention's greedy block choice found as a threshold instead of by sorting (the fused estimator's selection,
-// dev/cuda/xattn_estimate_fused.cu), host and device, so tests/test_xattn_threshold.cpp checks on the CPU the very
+// xattn_estimate_fused.cu), host and device, so tests/test_xattn_threshold.cpp checks on the CPU the very
 // code the kernel runs.
 //
 // The rule (elastic::xattn_select): block 0 and the diagonal are kept; the other causal blocks ("candidates"), ordered

@@ -637,14 +637,19 @@ TEST(CudaXAttnEstimate, EngineAndDevAreaRefuseEachOthersForms) {
       EXPECT_NE(std::string(ex.what()).find("xattn_estimate_variant"), std::string::npos) << ex.what();
     }
   }
-  e.kernel = cuda::XAttnEstimateKernel::Gemm;
-  EXPECT_THROW(cuda::xattn_estimate_variant(e, nullptr), std::invalid_argument);
-  e.kernel = cuda::XAttnEstimateKernel::Fused;
-  EXPECT_THROW(cuda::xattn_estimate_variant(e, nullptr), std::invalid_argument);
+  for (const auto k : {cuda::XAttnEstimateKernel::Gemm, cuda::XAttnEstimateKernel::Fused}) {
+    e.kernel = k;
+    try {
+      cuda::xattn_estimate_variant(e, nullptr);
+      ADD_FAILURE() << "the dev area ran an engine form";
+    } catch (const std::invalid_argument& ex) {
+      EXPECT_NE(std::string(ex.what()).find("engine's"), std::string::npos) << ex.what();
+    }
+  }
 }
 
-// The Fused form's own limits, refused by name before anything runs (no GPU needed): head_dim, stride, block / stride
-// and a missing scratch.
+// The Fused form's own limits, refused by name before anything runs (no GPU needed): head_dim, stride, a missing
+// scratch and too little of it.
 TEST(CudaXAttnEstimate, FusedFormRejectsBadArguments) {
   HostOnlyEstimate h;
   cuda::XAttnEstimateParams& e = h.e;
@@ -666,6 +671,8 @@ TEST(CudaXAttnEstimate, FusedFormRejectsBadArguments) {
   expect_refusal("stride 4", "stride");
   e.stride = 8, e.block = 128;  // 16 folded rows per block: allowed; the missing scratch is what is refused
   expect_refusal("no scratch", "scratch");
+  e.scratch = &h.d, e.scratch_bytes = 1;
+  expect_refusal("one byte of scratch", "needs");
 }
 
 // The cuBLASLt form's arguments, refused before anything runs (no GPU needed): no Gemm or scratch, a KV head listed
