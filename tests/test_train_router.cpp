@@ -88,6 +88,24 @@ TEST(TrainData, FitKeepsBoundariesAndAnswer) {
   EXPECT_EQ(e.input_ids.back(), 99);
 }
 
+// FA-SSA whose window covers the training sequences: both classes see every position, and the warning says so; a
+// window shorter than the sequences, or XAttention in either class (its blocks depend on the data), gives none.
+TEST(TrainLog, IdenticalClassesWarningWhenTheWindowCoversTheSequence) {
+  RouterSpec spec;  // FA-SSA
+  spec.sparse.block = 64, spec.sparse.sink = 128, spec.sparse.local = 2048;
+  EXPECT_NE(identical_classes_warning(spec, 1088).find("--local"), std::string::npos);
+  EXPECT_NE(identical_classes_warning(spec, 2176).find("the LM loss teaches the router nothing"), std::string::npos);
+  EXPECT_EQ(identical_classes_warning(spec, 2177), "");  // one more block than sink + window: the last row misses one
+  spec.sparse.local = 256;
+  EXPECT_EQ(identical_classes_warning(spec, 1088), "");
+  EXPECT_NE(identical_classes_warning(spec, 384).find("fa-ssa"), std::string::npos);
+  spec.sparse.local = 2048;
+  spec.sparse_mode = HeadMode::XAttn;  // FA-XA
+  EXPECT_EQ(identical_classes_warning(spec, 1088), "");
+  spec.dense_mode = HeadMode::XAttn, spec.sparse_mode = HeadMode::Streaming;  // XA-SSA
+  EXPECT_EQ(identical_classes_warning(spec, 1088), "");
+}
+
 TEST(TrainLog, SaturationWarningOnlyForEarlyClosedGates) {
   StepLog s;
   s.step = 10;

@@ -187,6 +187,10 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
       if (std::none_of(data.begin(), data.end(), [&](const TrainExample& e) { return e.task_class == cls; }))
         std::fprintf(stderr, "warning: train-router: --target %s=%g: no training sample has the class '%s'\n",
                      cls.c_str(), to.targets[cls], cls.c_str());
+    if (rank == 0) {
+      const std::string same = identical_classes_warning(to.spec, to.max_len);
+      if (!same.empty()) std::fprintf(stderr, "%s\n", same.c_str());
+    }
     std::vector<StepLog> logs;
     bool warned = false;
     Router r = train_router(

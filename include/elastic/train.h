@@ -101,6 +101,12 @@ std::string format_step_line(const StepLog& s, int steps);
 // A warning when the gates have saturated early: under 2% open gates in the first half of the steps (the routing is
 // then frozen for the rest of the run; a lower learning rate keeps gates trainable). Empty otherwise.
 std::string saturation_warning(const StepLog& s, int steps, double lr);
+// A warning when the router's two classes would attend to the same positions on every training sequence (each class's
+// block rule keeps every causal block up to max_len: e.g. FA-SSA with a streaming window that covers the sequence):
+// both branches then give the same output, so the LM loss carries no signal about the routing and the gates follow
+// the Omega targets alone. XAttention's blocks depend on the data, so a class running it never counts as covering.
+// Empty otherwise.
+std::string identical_classes_warning(const RouterSpec& spec, int max_len);
 
 // Writes the curves of a training log (lm loss, regularizer, Omega per class, tau) as SVG line charts:
 // <prefix>_loss.svg and <prefix>_sparsity.svg.

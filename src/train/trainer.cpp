@@ -15,6 +15,7 @@
 #include "elastic/json_file.h"
 #include "elastic/output_file.h"
 #include "elastic/plot_svg.h"
+#include "elastic/sparse_pattern.h"
 #include "elastic/train.h"
 #include "train/adamw.h"
 #include "train/router_step.h"
@@ -59,6 +60,32 @@ std::string saturation_warning(const StepLog& s, int steps, double lr) {
                 "the routing is freezing early. A lower --lr (now %g) keeps the gates trainable longer.",
                 s.step, steps, 100.0 * s.open, lr);
   return buf;
+}
+
+namespace {
+// Does `mode`'s block rule, without data, keep every causal block of a max_len sequence? Query blocks from the last
+// down, key blocks from the first up: a window that misses anything misses it in the last query block's row first.
+bool keeps_every_block(HeadMode mode, const SparseSettings& s, int max_len) {
+  const SparsePattern& p = sparse_pattern(mode);
+  if (p.select) return false;  // depends on the data
+  const int nb = (max_len + s.block - 1) / s.block;
+  for (int qb = nb - 1; qb >= 0; --qb)
+    for (int kb = 0; kb <= qb; ++kb)
+      if (!p.keeps(qb, kb, s, nullptr)) return false;
+  return true;
+}
+}  // namespace
+
+std::string identical_classes_warning(const RouterSpec& spec, int max_len) {
+  if (max_len <= 0 || spec.sparse.block <= 0) return "";
+  if (!keeps_every_block(spec.dense_mode, spec.sparse, max_len) ||
+      !keeps_every_block(spec.sparse_mode, spec.sparse, max_len))
+    return "";
+  return "warning: train-router: at --max-len " + std::to_string(max_len) + " both classes attend to every position (" +
+         router_config_name(spec.dense_mode, spec.sparse_mode) + " with --sink " + std::to_string(spec.sparse.sink) +
+         " --local " + std::to_string(spec.sparse.local) +
+         "), so they give the same output and the LM loss teaches the router nothing: the gates will follow the "
+         "Omega targets alone. Use a window shorter than the sequences (e.g. --local 256) or longer sequences.";
 }
 
 Router train_router(const Model& m, const std::vector<TrainExample>& data_in, const TrainOptions& o,
