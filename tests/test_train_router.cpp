@@ -106,6 +106,23 @@ TEST(TrainLog, IdenticalClassesWarningWhenTheWindowCoversTheSequence) {
   EXPECT_EQ(identical_classes_warning(spec, 1088), "");
 }
 
+// The CPU trainer's memory figure grows with T and the model, and train-router refuses a --max-len past 90% of the
+// available memory, naming the length that fits.
+TEST(TrainLog, CpuTrainMemoryRefusesWhatCannotFit) {
+  ModelConfig c;
+  c.hidden = 576, c.intermediate = 1536, c.n_layers = 30, c.n_heads = 9, c.n_kv_heads = 3, c.head_dim = 64;  // SmolLM2
+  const size_t per_token = cpu_train_bytes(c, 1);
+  EXPECT_EQ(cpu_train_bytes(c, 1000), 1000 * per_token);
+  EXPECT_GT(per_token, size_t(31) * 576 * 4);  // at least the 31 layer inputs
+  EXPECT_LT(per_token, size_t(400) << 10);
+  const size_t avail = size_t(24) << 30;
+  EXPECT_EQ(cpu_train_memory_error(c, 8192, avail), "");
+  const std::string e = cpu_train_memory_error(c, 1048576, avail);
+  EXPECT_NE(e.find("--max-len 1048576"), std::string::npos) << e;
+  EXPECT_NE(e.find("at most about " + std::to_string(avail / 10 * 9 / per_token) + " tokens"), std::string::npos) << e;
+  EXPECT_EQ(cpu_train_memory_error(c, 1048576, 0), "");  // unknown: no check
+}
+
 TEST(TrainLog, SaturationWarningOnlyForEarlyClosedGates) {
   StepLog s;
   s.step = 10;

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 namespace fs = std::filesystem;
@@ -184,6 +185,16 @@ std::string beside_markdown(const std::string& md_path, const std::string& suffi
   std::string p = md_path;
   if (p.size() > 3 && p.compare(p.size() - 3, 3, ".md") == 0) p.resize(p.size() - 3);
   return p + suffix;
+}
+
+size_t available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
 }
 
 }  // namespace elastic::cli

@@ -84,6 +84,10 @@ std::function<std::string(const std::string&)> model_chat_format(const std::stri
                                                                  bool no_chat, const char* who,
                                                                  const char* off_hint = "--no-chat");
 void set_threads(int t);
+
+// Memory the kernel says a new allocation can get without swapping (MemAvailable in /proc/meminfo), in bytes; 0 when
+// it cannot be read (then callers skip their check).
+size_t available_memory_bytes();
 // What every subcommand says when given a CUDA flag (`flag`: "--device cuda", "--gpus") in a build without the CUDA
 // backend (configured with ELASTIC_CUDA=OFF, or where CMake found no nvcc).
 [[noreturn]] void no_cuda_backend(const char* cmd, const char* flag = "--device cuda");

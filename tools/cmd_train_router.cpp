@@ -132,6 +132,12 @@ void add_train_router_command(CLI::App& app, Commands& cmds) {
     }
     Model m = Model::load(o->model);
     m.weights.widen();  // the CPU trainer's backward reads fp32 rows; the GPU upload widens to bf16 either way
+    // Before any data is built: a --max-len the CPU trainer cannot hold is an error naming the length that fits, not
+    // minutes of data generation and then a bad_alloc or the OOM killer.
+    if (o->device == "cpu") {
+      const std::string err = cpu_train_memory_error(m.config, to.max_len, available_memory_bytes());
+      if (!err.empty()) throw std::runtime_error(err);
+    }
     // The device first: a missing GPU or an unsupported shape fails before data is built.
     StepRunnerFactory runner;  // empty: the CPU
     std::unique_ptr<Communicator> comm;

@@ -108,6 +108,14 @@ std::string saturation_warning(const StepLog& s, int steps, double lr);
 // Empty otherwise.
 std::string identical_classes_warning(const RouterSpec& spec, int max_len);
 
+// Bytes the CPU trainer holds for one sequence of T tokens: each layer's input, kept for the backward, plus one
+// layer's activations and gradients (the backward recomputes a layer at a time), as src/train/router_step.cpp sizes
+// them. train-router compares max_len's figure with the memory available before it builds any data.
+size_t cpu_train_bytes(const ModelConfig& c, int T);
+// The error train-router gives when max_len's figure exceeds 90% of `available` bytes (naming the length that fits);
+// empty when it fits or `available` is 0 (unknown).
+std::string cpu_train_memory_error(const ModelConfig& c, int max_len, size_t available);
+
 // Writes the curves of a training log (lm loss, regularizer, Omega per class, tau) as SVG line charts:
 // <prefix>_loss.svg and <prefix>_sparsity.svg.
 void write_training_plots(const std::vector<StepLog>& logs, const std::string& prefix);
