@@ -24,26 +24,24 @@ struct Run {
   int p0, p1;  // positions [p0, p1)
 };
 
+// Appends positions [p0, p1), extending the last run when they follow it.
+void append_run(std::vector<Run>& runs, int p0, int p1) {
+  if (!runs.empty() && runs.back().p1 == p0) runs.back().p1 = p1;
+  else runs.push_back({p0, p1});
+}
+
 // Query head h's kept keys for query block qb, clipped to the block's last row, as runs of consecutive blocks.
 void key_runs(const BlockKeep& keep, int h, int qb, int B, int last, std::vector<Run>& runs) {
   runs.clear();
-  for (int kb = 0; kb <= qb; ++kb) {
-    if (!keep(h, qb, kb)) continue;
-    const int p0 = kb * B, p1 = std::min(last + 1, p0 + B);
-    if (!runs.empty() && runs.back().p1 == p0) runs.back().p1 = p1;
-    else runs.push_back({p0, p1});
-  }
+  for (int kb = 0; kb <= qb; ++kb)
+    if (keep(h, qb, kb)) append_run(runs, kb * B, std::min(last + 1, kb * B + B));
 }
 
 // Query head h's rows that keep key block kb (query blocks qb >= kb), as runs of rows.
 void query_runs(const BlockKeep& keep, int h, int kb, int B, int T, std::vector<Run>& runs) {
   runs.clear();
-  for (int qb = kb; qb * B < T; ++qb) {
-    if (!keep(h, qb, kb)) continue;
-    const int p0 = qb * B, p1 = std::min(T, p0 + B);
-    if (!runs.empty() && runs.back().p1 == p0) runs.back().p1 = p1;
-    else runs.push_back({p0, p1});
-  }
+  for (int qb = kb; qb * B < T; ++qb)
+    if (keep(h, qb, kb)) append_run(runs, qb * B, std::min(T, qb * B + B));
 }
 
 int run_total(const std::vector<Run>& runs) {
@@ -66,14 +64,27 @@ void exp_row<float>(float* x, int n) {
 template <class Real>
 constexpr bool kParallel = std::is_same_v<Real, float>;
 
-// S[nq, nk] = scale * Q K^T over a query block's key runs (columns in run order); Q rows of head h at rows i0..
+// The two products every tile is made of. X[positions, H, hd] is a tensor in place; "the runs' rows of X" are its rows
+// at the runs' positions for one head, `head` of H (row stride H * hd), in run order.
+// S[M, cols] = alpha * A[M, hd] (the runs' rows of X)^T: A's rows lda apart, S's columns in run order, rows ldS apart.
 template <class Real>
-void block_scores(const Real* q, const Real* k, int Hq, int Hkv, int hd, int h, int kvh, int i0, int nq,
-                  const std::vector<Run>& runs, int nk, Real scale, Real* s) {
+void product_with_runs_t(const Real* A, int lda, int M, const std::vector<Run>& runs, const Real* X, int H, int head,
+                         int hd, Real alpha, Real* S, int ldS) {
   int col = 0;
   for (const Run& r : runs) {
-    gemm<Real>(false, true, nq, r.p1 - r.p0, hd, scale, q + (static_cast<size_t>(i0) * Hq + h) * hd, Hq * hd,
-               k + (static_cast<size_t>(r.p0) * Hkv + kvh) * hd, Hkv * hd, Real(0), s + col, nk);
+    gemm<Real>(false, true, M, r.p1 - r.p0, hd, alpha, A, lda, X + (static_cast<size_t>(r.p0) * H + head) * hd, H * hd,
+               Real(0), S + col, ldS);
+    col += r.p1 - r.p0;
+  }
+}
+// C[M, hd] = (or += when `add`) S[M, cols] (the runs' rows of X): S's columns in run order.
+template <class Real>
+void product_with_runs(const Real* S, int ldS, int M, const std::vector<Run>& runs, const Real* X, int H, int head,
+                       int hd, bool add, Real* C, int ldc) {
+  int col = 0;
+  for (const Run& r : runs) {
+    gemm<Real>(false, false, M, hd, r.p1 - r.p0, Real(1), S + col, ldS,
+               X + (static_cast<size_t>(r.p0) * H + head) * hd, H * hd, add || col ? Real(1) : Real(0), C, ldc);
     col += r.p1 - r.p0;
   }
 }
@@ -104,7 +115,9 @@ void attn_fwd(const Real* q, const Real* k, const Real* v, int T, int Hq, int Hk
         key_runs(keep, h, qb, B, i0 + nq - 1, runs);
         const int nk = run_total(runs);
         s.resize(static_cast<size_t>(nq) * nk);
-        block_scores(q, k, Hq, Hkv, hd, h, kvh, i0, nq, runs, nk, scale, s.data());
+        const size_t qo = (static_cast<size_t>(i0) * Hq + h) * hd;  // the block's rows of head h in q and out
+        Real* o = out + qo;
+        product_with_runs_t(q + qo, Hq * hd, nq, runs, k, Hkv, kvh, hd, scale, s.data(), nk);
         inv.resize(nq);
         for (int m = 0; m < nq; ++m) {
           Real* srow = s.data() + static_cast<size_t>(m) * nk;
@@ -118,16 +131,8 @@ void attn_fwd(const Real* q, const Real* k, const Real* v, int T, int Hq, int Hk
           inv[m] = Real(1) / sum;
           lse[static_cast<size_t>(h) * T + i0 + m] = mx + std::log(sum);
         }
-        // O = P V run by run into the output rows in place, then each row divided by its sum.
-        Real* o = out + (static_cast<size_t>(i0) * Hq + h) * hd;
-        int col = 0;
-        for (size_t r = 0; r < runs.size(); ++r) {
-          const int len = runs[r].p1 - runs[r].p0;
-          gemm<Real>(false, false, nq, hd, len, Real(1), s.data() + col, nk,
-                     v + (static_cast<size_t>(runs[r].p0) * Hkv + kvh) * hd, Hkv * hd, r ? Real(1) : Real(0), o,
-                     Hq * hd);
-          col += len;
-        }
+        // O = P V into the output rows in place, then each row divided by its sum.
+        product_with_runs(s.data(), nk, nq, runs, v, Hkv, kvh, hd, false, o, Hq * hd);
         for (int m = 0; m < nq; ++m)
           for (int c = 0; c < hd; ++c) o[static_cast<size_t>(m) * Hq * hd + c] *= inv[m];
       }
@@ -163,13 +168,9 @@ void attn_bwd(const Real* q, const Real* k, const Real* v, const Real* out, cons
         const int nk = run_total(runs);
         p.resize(static_cast<size_t>(nq) * nk);
         dp.resize(p.size());
-        block_scores(q, k, Hq, Hkv, hd, h, kvh, i0, nq, runs, nk, scale, p.data());
-        int col = 0;
-        for (const Run& r : runs) {
-          gemm<Real>(false, true, nq, r.p1 - r.p0, hd, Real(1), dout + (static_cast<size_t>(i0) * Hq + h) * hd, ldq,
-                     v + (static_cast<size_t>(r.p0) * Hkv + kvh) * hd, ldk, Real(0), dp.data() + col, nk);
-          col += r.p1 - r.p0;
-        }
+        const size_t qo = (static_cast<size_t>(i0) * Hq + h) * hd;  // the block's rows of head h in q, dout, dq
+        product_with_runs_t(q + qo, ldq, nq, runs, k, Hkv, kvh, hd, scale, p.data(), nk);
+        product_with_runs_t(dout + qo, ldq, nq, runs, v, Hkv, kvh, hd, Real(1), dp.data(), nk);
         for (int m = 0; m < nq; ++m) {
           Real *prow = p.data() + static_cast<size_t>(m) * nk, *dsrow = dp.data() + static_cast<size_t>(m) * nk;
           const Real li = lse[static_cast<size_t>(h) * T + i0 + m], Di = D[static_cast<size_t>(h) * T + i0 + m];
@@ -178,13 +179,7 @@ void attn_bwd(const Real* q, const Real* k, const Real* v, const Real* out, cons
           exp_row(prow, nk);
           for (int c = 0; c < nk; ++c) dsrow[c] = prow[c] * (dsrow[c] - Di) * scale;
         }
-        col = 0;
-        for (const Run& r : runs) {
-          gemm<Real>(false, false, nq, hd, r.p1 - r.p0, Real(1), dp.data() + col, nk,
-                     k + (static_cast<size_t>(r.p0) * Hkv + kvh) * hd, ldk, Real(1),
-                     dq + (static_cast<size_t>(i0) * Hq + h) * hd, ldq);
-          col += r.p1 - r.p0;
-        }
+        product_with_runs(dp.data(), nk, nq, runs, k, Hkv, kvh, hd, true, dq + qo, ldq);
       }
     // dK, dV: per key block of a KV head, over each query head of its group, the transposed tiles P^T and dS^T
     // against the rows that keep the block; dV += P^T dO, dK += dS^T Q.
@@ -202,12 +197,10 @@ void attn_bwd(const Real* q, const Real* k, const Real* v, const Real* out, cons
           dp.resize(p.size());
           lse_col.resize(nr);
           d_col.resize(nr);
+          product_with_runs_t(k + ko, ldk, nk, runs, q, Hq, h, hd, scale, p.data(), nr);
+          product_with_runs_t(v + ko, ldk, nk, runs, dout, Hq, h, hd, Real(1), dp.data(), nr);
           int col = 0;
           for (const Run& r : runs) {
-            const size_t qo = (static_cast<size_t>(r.p0) * Hq + h) * hd;
-            gemm<Real>(false, true, nk, r.p1 - r.p0, hd, scale, k + ko, ldk, q + qo, ldq, Real(0), p.data() + col, nr);
-            gemm<Real>(false, true, nk, r.p1 - r.p0, hd, Real(1), v + ko, ldk, dout + qo, ldq, Real(0),
-                       dp.data() + col, nr);
             std::copy_n(lse + static_cast<size_t>(h) * T + r.p0, r.p1 - r.p0, lse_col.data() + col);
             std::copy_n(D.data() + static_cast<size_t>(h) * T + r.p0, r.p1 - r.p0, d_col.data() + col);
             col += r.p1 - r.p0;
@@ -223,15 +216,8 @@ void attn_bwd(const Real* q, const Real* k, const Real* v, const Real* out, cons
             exp_row(prow, nr);
             for (int c = 0; c < nr; ++c) dsrow[c] = prow[c] * (dsrow[c] - d_col[c]) * scale;
           }
-          col = 0;
-          for (const Run& r : runs) {
-            const size_t qo = (static_cast<size_t>(r.p0) * Hq + h) * hd;
-            gemm<Real>(false, false, nk, hd, r.p1 - r.p0, Real(1), p.data() + col, nr, dout + qo, ldq, Real(1),
-                       dv + ko, ldk);
-            gemm<Real>(false, false, nk, hd, r.p1 - r.p0, Real(1), dp.data() + col, nr, q + qo, ldq, Real(1),
-                       dk + ko, ldk);
-            col += r.p1 - r.p0;
-          }
+          product_with_runs(p.data(), nr, nk, runs, dout, Hq, h, hd, true, dv + ko, ldk);
+          product_with_runs(dp.data(), nr, nk, runs, q, Hq, h, hd, true, dk + ko, ldk);
         }
       }
   }

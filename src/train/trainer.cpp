@@ -63,16 +63,10 @@ std::string saturation_warning(const StepLog& s, int steps, double lr) {
 }
 
 namespace {
-// Does `mode`'s block rule, without data, keep every causal block of a max_len sequence? Query blocks from the last
-// down, key blocks from the first up: a window that misses anything misses it in the last query block's row first.
+// Does `mode`'s block rule, without data, keep every causal block of a max_len sequence? The pattern's own prefill
+// figure says: no block skipped. XAttention's figure is NaN (its blocks depend on the data), which never equals 0.
 bool keeps_every_block(HeadMode mode, const SparseSettings& s, int max_len) {
-  const SparsePattern& p = sparse_pattern(mode);
-  if (p.select) return false;  // depends on the data
-  const int nb = (max_len + s.block - 1) / s.block;
-  for (int qb = nb - 1; qb >= 0; --qb)
-    for (int kb = 0; kb <= qb; ++kb)
-      if (!p.keeps(qb, kb, s, nullptr)) return false;
-  return true;
+  return pattern_prefill_cost(mode, max_len, s).blocks_skipped == 0;
 }
 }  // namespace
 
